@@ -1,0 +1,267 @@
+"""flash_attn 2.x compatible public functions.
+
+Same names, argument names, defaults and return values as flash-attn, so
+`from fa_amd import flash_attn_func` (or fa_amd.integrations' flash_attn shim)
+is a drop-in switch.  ALL argument checking lives here, once; the ops and
+kernels below trust what they are given.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from . import ops  # noqa: F401  (registers torch.ops.fa_amd.*)
+from .arch import INTERPRET
+from .kernels.attention import MAX_GRID_YZ
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+# cu_seqlens values are checked on the host (one small device->host copy per
+# call) unless this is "0" or the call is being traced by torch.compile.
+_CHECK_VARLEN = os.environ.get("FA_AMD_CHECK_VARLEN", "1") != "0"
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_tensor(name: str, x, rank: int, layout: str):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+
+
+def _check_device(name: str, x: torch.Tensor, ref: torch.Tensor):
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {ref.device}; all inputs must share one device")
+
+
+def _check_qkv(q, k, v, varlen: bool):
+    rank, layout = (3, "(total_tokens, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
+    _check_tensor("q", q, rank, layout)
+    _check_tensor("k", k, rank, layout)
+    _check_tensor("v", v, rank, layout)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    _check_device("k", k, q)
+    _check_device("v", v, q)
+    if q.device.type == "cpu" and not INTERPRET:
+        raise ValueError(
+            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
+            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
+    head_dim = q.shape[-1]
+    if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise ValueError(f"q, k and v must share the head dim, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    if head_dim > MAX_HEAD_DIM or head_dim < 1:
+        raise ValueError(f"head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    if nheads_k == 0 or nheads_q % nheads_k != 0:
+        raise ValueError(f"nheads of q ({nheads_q}) must be a multiple of nheads of k/v ({nheads_k})")
+    if nheads_q > MAX_GRID_YZ:
+        raise ValueError(f"at most {MAX_GRID_YZ} query heads are supported, got {nheads_q}")
+    if not varlen:
+        if k.shape[0] != q.shape[0]:
+            raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+        if q.shape[0] > MAX_GRID_YZ:
+            raise ValueError(f"batch size must be at most {MAX_GRID_YZ}, got {q.shape[0]}")
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    # kernels take any strides except on the head dim; copy only in that case
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                       return_attn_probs):
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    for name, flag in (("causal", causal), ("deterministic", deterministic),
+                       ("return_attn_probs", return_attn_probs)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if (not isinstance(window_size, Sequence) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1 (-1 = unbounded), got {tuple(window_size)}")
+    if causal:
+        right = 0
+    if softcap is None:
+        softcap = 0.0
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0.0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
+    return float(dropout_p), float(softmax_scale), int(left), int(right), float(softcap)
+
+
+def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a floating tensor (float32 preferred), got {alibi_slopes.dtype}")
+    _check_device("alibi_slopes", alibi_slopes, q)
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    return alibi_slopes.to(torch.float32).contiguous()
+
+
+def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with batch+1 entries, got shape {tuple(cu.shape)}")
+    _check_device(name, cu, q)
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool):
+        raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}")
+    if max_seqlen < 0:
+        raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
+    if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
+        return
+    lengths = cu[1:] - cu[:-1]
+    first, last, min_len, max_len = torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist()
+    if first != 0:
+        raise ValueError(f"{name}[0] must be 0, got {first}")
+    if min_len < 0:
+        raise ValueError(f"{name} must be non-decreasing")
+    if last > total:
+        raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
+    if max_len > max_seqlen:
+        raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
+
+
+def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:
+    """Philox (seed, offset) for this call, drawn from torch's generator on the
+    device: different every call, reproducible under torch.manual_seed, and a
+    device tensor (not a host int), so CUDA-graph capture replays fresh draws."""
+    if dropout_p == 0.0:
+        return None
+    return torch.randint(0, 2 ** 62, (2,), device=device, dtype=torch.int64)
+
+
+def _finish(out, lse, probs, return_attn_probs):
+    return (out, lse, probs) if return_attn_probs else out
+
+
+# --------------------------------------------------------------------------- dense
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
+
+    causal is aligned to the bottom-right corner when seqlen_q != seqlen_k.
+    Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs also
+    softmax_lse (batch, nheads, seqlen_q) fp32 and S_dmask (batch, nheads, seqlen_q,
+    seqlen_k): probabilities, negated where dropout dropped them (testing only).
+    The backward is always deterministic (no atomics), so `deterministic` is accepted and always honored.
+    """
+    _check_qkv(q, k, v, varlen=False)
+    dropout_p, scale, left, right, softcap = _normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    out, lse, probs = torch.ops.fa_amd.attention_fwd(
+        q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
+        _rng_state(dropout_p, q.device), return_attn_probs)
+    return _finish(out, lse, probs, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv: (batch, seqlen, 3, nheads, headdim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv must be a tensor of shape (batch, seqlen_k, 2, nheads_k, headdim), got "
+                         f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+# --------------------------------------------------------------------------- varlen
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
+
+    Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
+    (nheads, total_q). Paged KV (`block_table`) is not supported and raises.
+    """
+    if block_table is not None:
+        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
+    _check_qkv(q, k, v, varlen=True)
+    dropout_p, scale, left, right, softcap = _normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    batch = cu_seqlens_q.numel() - 1
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
+    alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    out, lse, probs = torch.ops.fa_amd.attention_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
+        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs)
+    return _finish(out, lse, probs, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv: (total, 3, nheads, headdim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv must be a tensor of shape (total_k, 2, nheads_k, headdim), got "
+                         f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)

@@ -1,0 +1,706 @@
+"""FlashAttention-2 forward and backward in Triton, then the plain launchers
+`attention_forward` / `attention_backward` (the torch.library ops in
+fa_amd/ops.py wrap these).
+
+One kernel per direction serves dense and varlen (IS_VARLEN), MQA/GQA (query
+head h reads KV head h // GROUP), causal / sliding window / ALiBi / softcap /
+dropout.  Loops over key (or query) blocks are split in three ranges:
+  [lo, full_lo)      boundary blocks of the left window edge  -> element mask
+  [full_lo, full_hi) blocks every row sees completely          -> no mask
+  [full_hi, hi)      diagonal / right edge / ragged tail       -> element mask
+and blocks outside [lo, hi) are never touched.
+
+The backward never uses atomics: dK/dV are accumulated per key block over all
+query heads of its KV group, dQ per query block, so it is deterministic.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import arch_for
+from ..tuning import get_bwd_config, get_fwd_config
+from .score_mods import LN2, LOG2E, dropout_keep, score_log2, seq_bounds
+
+
+@triton.jit
+def _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key-block ranges (lo, full_lo, full_hi, hi) for query rows [m0, m0+BLOCK_M)."""
+    lo = m0 * 0
+    hi = k_len
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, m0 + BLOCK_M + diag + win_right)
+    if HAS_LEFT:
+        lo = tl.maximum(lo, m0 + diag - win_left) // BLOCK_N * BLOCK_N
+    full_lo = lo
+    if HAS_LEFT:
+        full_lo = (tl.maximum(full_lo, m0 + BLOCK_M - 1 + diag - win_left) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    # q is loaded (masked) once per program, so rows past the end only need
+    # the key tail masked
+    full_hi = k_len // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        full_hi = tl.minimum(full_hi, tl.maximum(m0 + diag + win_right + 1, 0) // BLOCK_N * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _query_ranges(n0, q_len, k_len, diag, win_left, win_right,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query-block ranges (lo, full_lo, full_hi, hi) that see keys [n0, n0+BLOCK_N)."""
+    lo = n0 * 0
+    hi = q_len
+    if HAS_RIGHT:
+        lo = tl.maximum(lo, n0 - diag - win_right) // BLOCK_M * BLOCK_M
+    if HAS_LEFT:
+        hi = tl.minimum(hi, n0 + BLOCK_N - diag + win_left)
+    full_lo = lo
+    if HAS_RIGHT:
+        full_lo = (tl.maximum(full_lo, n0 + BLOCK_N - 1 - diag - win_right) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    # query rows are loaded per block here: the ragged row tail needs masked loads,
+    # and a ragged key block needs its dead columns masked out of every row
+    full_hi = q_len // BLOCK_M * BLOCK_M
+    if n0 + BLOCK_N > k_len:
+        full_hi = full_lo
+    if HAS_LEFT:
+        full_hi = tl.minimum(full_hi, tl.maximum(n0 - diag + win_left + 1, 0) // BLOCK_M * BLOCK_M)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+# --------------------------------------------------------------------------- forward
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, start, end,
+               offs_m, offs_n, offs_d, diag, k_len,
+               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+               seed, seed_offset, bh, keep_threshold,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+               HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
+        v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+        if MASK:
+            kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASK:
+            # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_shift = m_new
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            p = tl.where(keep, p, 0.0)
+        if MASK:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, Out, Lse,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    # heavier (later) query blocks first: better tail balance under causal masks
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+
+    q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+    seed = 0
+    seed_offset = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SeedState)
+        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    bh = b * tl.num_programs(1) + h
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+                                   offs_m, offs_n, offs_d, diag, k_len,
+                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                   seed, seed_offset, bh, keep_threshold,
+                                   HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                   HAS_DROPOUT, INPUT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                               offs_m, offs_n, offs_d, diag, k_len,
+                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                               seed, seed_offset, bh, keep_threshold,
+                               HEAD_DIM, D_PAD, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                               HAS_DROPOUT, INPUT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                               offs_m, offs_n, offs_d, diag, k_len,
+                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                               seed, seed_offset, bh, keep_threshold,
+                               HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                               HAS_DROPOUT, INPUT_PRECISION)
+
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    if HAS_DROPOUT:
+        out = out * keep_scale
+    # flash-attn convention: a row that sees no key has output 0 and lse +inf
+    lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
+    o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
+    tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
+    lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+    tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
+
+
+# --------------------------------------------------------------------------- backward
+
+@triton.jit
+def bwd_preprocess_kernel(
+    Out, DO, Delta, cu_seqlens_q, seqlen_q,
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    stride_lb, stride_lh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < q_len)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                    start, end, cols, offs_m, offs_d, diag, q_len, k_len,
+                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                    seed, seed_offset, bh, keep_threshold, keep_scale,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                    IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + offs_m
+        qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
+        do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
+        if MASK:
+            qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            # rows past the end get lse=+inf, hence p=0: they add nothing
+            lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
+            delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
+        else:
+            if D_PAD != HEAD_DIM:
+                qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            else:
+                qT = tl.load(qT_ptrs)
+                do = tl.load(do_ptrs)
+            lse = tl.load(Lse_head + rows)
+            delta = tl.load(Delta_head + rows)
+        sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
+        sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
+                            softcap_log2, slope_log2, win_left, win_right,
+                            MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        pT = tl.exp2(sT - (lse * LOG2E)[None, :])
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
+            dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            dpT = tl.where(keep, dpT * keep_scale, 0.0)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        if IS_SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    diag = k_len - q_len
+    b64 = b.to(tl.int64)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    kv_mask = (cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+
+    seed = 0
+    seed_offset = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SeedState)
+        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    lo, full_lo, full_hi, hi = _query_ranges(n0, q_len, k_len, diag, win_left, win_right,
+                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    num_heads = tl.num_programs(1) * GROUP
+    # GQA: this KV head's gradient is the sum over its query heads, done here
+    # in registers (no atomics -> deterministic).
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        slope_log2 = 0.0
+        if HAS_ALIBI:
+            slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+        bh = b * num_heads + h
+        Q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+        DO_head = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+        Lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        if HAS_RIGHT:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                                     lo, full_lo, cols, offs_m, offs_d, diag, q_len, k_len,
+                                     qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                     seed, seed_offset, bh, keep_threshold, keep_scale,
+                                     HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                     HAS_DROPOUT, INPUT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                                 full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                 seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 HEAD_DIM, D_PAD, BLOCK_M, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                 HAS_DROPOUT, INPUT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                                 full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                 seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                 HAS_DROPOUT, INPUT_PRECISION)
+    dk = dk * sm_scale
+    tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+             + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+             + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, start, end,
+                  offs_m, offs_n, offs_d, diag, k_len,
+                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                  seed, seed_offset, bh, keep_threshold, keep_scale,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                  IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = K_head + cols[:, None] * stride_kn + offs_d[None, :]
+        vT_ptrs = V_head + cols[None, :] * stride_vn + offs_d[:, None]
+        if MASK:
+            k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            vT = tl.load(vT_ptrs)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        s, t = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        p = tl.exp2(s - lse_log2[:, None])
+        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        if IS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    row_mask = offs_m < q_len
+    qd_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
+    do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+    lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+    seed = 0
+    seed_offset = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SeedState)
+        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    bh = b * tl.num_programs(1) + h
+
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+                           offs_m, offs_n, offs_d, diag, k_len,
+                           qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                           seed, seed_offset, bh, keep_threshold, keep_scale,
+                           HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                           HAS_DROPOUT, INPUT_PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                       offs_m, offs_n, offs_d, diag, k_len,
+                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                       seed, seed_offset, bh, keep_threshold, keep_scale,
+                       HEAD_DIM, D_PAD, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                       offs_m, offs_n, offs_d, diag, k_len,
+                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                       seed, seed_offset, bh, keep_threshold, keep_scale,
+                       HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+# --------------------------------------------------------------------------- probabilities (testing aid)
+
+@triton.jit
+def attn_probs_kernel(
+    Q, K, Lse, Probs,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_lb, stride_lh,
+    stride_pb, stride_ph, stride_pm,
+    Alibi, stride_ab, SeedState, keep_threshold,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """S_dmask for return_attn_probs: softmax probabilities, negated where dropout dropped them."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    row_mask = offs_m < q_len
+    q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    lse_log2 = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m,
+                       mask=row_mask, other=float("inf")) * LOG2E
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+    seed = 0
+    seed_offset = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SeedState)
+        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    bh = b * tl.num_programs(1) + h
+    P_head = Probs + b64 * stride_pb + h.to(tl.int64) * stride_ph
+    for start_n in range(0, k_len, BLOCK_N):
+        cols = start_n + offs_n
+        kT = tl.load(K_head + cols[None, :] * stride_kn + offs_d[:, None],
+                     mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        s = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        s, _ = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        p = tl.exp2(s - lse_log2[:, None])
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            p = tl.where(keep, p, -p)
+        tl.store(P_head + offs_m[:, None] * stride_pm + cols[None, :], p.to(Probs.dtype.element_ty),
+                 mask=row_mask[:, None] & (cols[None, :] < k_len))
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+_LOG2E = 1.4426950408889634
+_DROPOUT_BITS = 24
+# Triton grids allow 65535 programs on axes 1 and 2 (heads, batch).
+MAX_GRID_YZ = 65535
+
+
+def head_dim_padded(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _row_strides(x: torch.Tensor, varlen: bool):
+    """(batch, token, head) strides; varlen tensors have no batch axis."""
+    if varlen:
+        return 0, x.stride(0), x.stride(1)
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _lse_strides(lse: torch.Tensor, varlen: bool):
+    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+
+
+def _launch_options(cfg):
+    return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+
+
+def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
+                max_seqlen_q, max_seqlen_k):
+    """Runtime scalars + constexpr flags shared by every kernel launch."""
+    # windows wider than any sequence are no-ops: drop them so the kernel skips the masks
+    has_left = 0 <= window_left < max_seqlen_k - 1
+    # (rel = col - row - diag spans [-(seqlen_k-1), seqlen_q-1]; e.g. causal with one query row masks nothing)
+    has_right = 0 <= window_right < max_seqlen_q - 1
+    has_dropout = dropout_p > 0.0
+    scalars = dict(
+        Alibi=alibi_slopes if alibi_slopes is not None else q,
+        stride_ab=(alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0),
+        SeedState=rng_state if has_dropout else q,
+        keep_threshold=int(round(dropout_p * (1 << _DROPOUT_BITS))) if has_dropout else 0,
+        qk_scale_log2=softmax_scale * _LOG2E,
+        softcap_div=softmax_scale / softcap if softcap > 0 else 0.0,
+        softcap_log2=softcap * _LOG2E,
+        win_left=max(window_left, 0),
+        win_right=max(window_right, 0),
+    )
+    flags = dict(
+        IS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_DROPOUT=has_dropout,
+        INPUT_PRECISION="ieee",
+    )
+    keep_scale = 1.0 / (1.0 - dropout_p) if has_dropout else 1.0
+    return scalars, flags, keep_scale
+
+
+def _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        _, nheads_q, head_dim = q.shape
+        nheads_k = k.shape[1]
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+    else:
+        batch, seqlen_q, nheads_q, head_dim = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    return varlen, batch, nheads_q, nheads_k, head_dim, seqlen_q, seqlen_k
+
+
+def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
+    """Returns (out, softmax_lse, probs); probs is empty unless return_probs."""
+    varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    out = q.new_empty(q.shape)
+    lse = torch.empty((hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), device=q.device, dtype=torch.float32)
+    probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
+    probs = q.new_zeros(probs_shape)
+    if batch == 0 or max_seqlen_q == 0 or hq == 0:
+        return out, lse, probs
+    d_pad = head_dim_padded(d)
+    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
+    scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
+                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    grid = (triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), hq, batch)
+    attn_fwd_kernel[grid](
+        q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
+        *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
+        *_lse_strides(lse, varlen),
+        keep_scale=keep_scale, **scalars,
+        GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        IS_VARLEN=varlen, **flags, **_launch_options(cfg),
+    )
+    if return_probs:
+        scalars.pop("SeedState")
+        seed_state = rng_state if flags["HAS_DROPOUT"] else q
+        attn_probs_kernel[grid](
+            q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
+            *_row_strides(q, varlen), *_row_strides(k, varlen), *_lse_strides(lse, varlen),
+            probs.stride(0), probs.stride(1), probs.stride(2),
+            SeedState=seed_state, **scalars,
+            GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+            IS_VARLEN=varlen, **flags, **_launch_options(cfg),
+        )
+    return out, lse, probs
+
+
+def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state):
+    """Returns (dq, dk, dv) with the shapes of q, k, v."""
+    varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    dq = q.new_empty(q.shape)
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if max_seqlen_q == 0:
+        dq.zero_()
+    d_pad = head_dim_padded(d)
+    cfgs = get_bwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
+    scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
+                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    delta = torch.empty_like(lse)
+    common_constexpr = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+    if max_seqlen_q > 0:
+        pre_block = 64 if d_pad <= 128 else 32
+        bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), hq, batch)](
+            out, dout, delta, cu_q, seqlen_q,
+            *_row_strides(out, varlen), *_row_strides(dout, varlen), *_lse_strides(delta, varlen),
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
+        )
+    strides_in = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
+                  *_row_strides(dout, varlen))
+    if max_seqlen_k > 0:
+        cfg = cfgs["dkdv"]
+        attn_bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, cfg["BLOCK_N"]), hk, batch)](
+            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_lse_strides(lse, varlen),
+            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_constexpr,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
+        )
+    if max_seqlen_q > 0:
+        cfg = cfgs["dq"]
+        attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), hq, batch)](
+            q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen),
+            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_constexpr,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
+        )
+    return dq, dk, dv

@@ -1,0 +1,88 @@
+"""torch.library custom ops around the Triton launchers, with fake (meta)
+implementations and autograd registration.
+
+Why custom ops rather than a bare autograd.Function: torch.compile then sees one
+opaque node per direction with exact fake shapes (no graph breaks, no attempt to
+trace Triton internals), and the same ops serve eager, compile and CUDA graphs.
+
+Arguments arrive already validated and normalized by fa_amd.interface:
+window (-1 = unbounded, causal already folded into window_right=0), a float
+softmax_scale, and `rng_state` (int64[2] on the device, drawn from torch's
+generator by the caller) when dropout_p > 0.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .kernels.attention import attention_backward, attention_forward
+
+
+@torch.library.custom_op("fa_amd::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                             return_probs)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                        softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
+    if cu_seqlens_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
+        hq = q.shape[1]
+        lse = q.new_empty((hq, q.shape[0]), dtype=torch.float32)
+    else:
+        batch, seqlen_q, hq = q.shape[0], q.shape[1], q.shape[2]
+        lse = q.new_empty((batch, hq, seqlen_q), dtype=torch.float32)
+    probs = q.new_empty((batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,))
+    return q.new_empty(q.shape), lse, probs
+
+
+@torch.library.custom_op("fa_amd::attention_bwd", mutates_args=())
+def attention_bwd(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor]:
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+                              alibi_slopes, rng_state)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+     window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs) = inputs
+    out, lse, _probs = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+    ctx.params = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap)
+    ctx.mark_non_differentiable(lse, _probs)
+
+
+def _backward(ctx, dout, _dlse, _dprobs):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap = ctx.params
+    dq, dk, dv = torch.ops.fa_amd.attention_bwd(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state)
+    return (dq, dk, dv) + (None,) * 12
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)

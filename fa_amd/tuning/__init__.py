@@ -1,0 +1,56 @@
+"""Launch-configuration chooser: reads the per-arch tables (data, tables.py),
+optionally overridden by a tuned table on disk (see fa_amd.tuning.autotune)."""
+from __future__ import annotations
+
+from typing import Dict
+
+from ..arch import Arch
+from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, TABLES
+
+KERNELS = ("fwd", "dkdv", "dq")
+
+
+def family_of(arch: Arch) -> str:
+    name = arch.name
+    if name in TABLES:
+        return name
+    if name in FAMILY_ALIASES:
+        return FAMILY_ALIASES[name]
+    if arch.backend == "hip":
+        return "gfx1100" if name.startswith("gfx1") else "gfx90a"
+    if arch.backend == "cuda":
+        major = int(name[2:-1] or 8) if name.startswith("sm") else 8
+        return "sm90" if major >= 9 else "sm80"
+    return "cpu"
+
+
+def _overrides():
+    from . import autotune  # local import: only reads a json file when present
+
+    return autotune.load_tuned_table()
+
+
+def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False) -> Dict:
+    """Launch dict for `kernel` ("fwd" | "dkdv" | "dq"): tile sizes + launch options."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    family = family_of(arch)
+    rows = _overrides().get(family) or TABLES[family]
+    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    cfg = dict(row[kernel])
+    fp32 = cfg.pop("fp32", None)
+    if is_fp32 and fp32:
+        cfg.update(fp32)
+    if arch.backend != "hip":
+        # AMD-only launch options are rejected by other backends.
+        for key in HIP_ONLY_OPTIONS:
+            cfg.pop(key, None)
+    return cfg
+
+
+def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> Dict:
+    return get_config(arch, "fwd", head_dim_padded, is_fp32)
+
+
+def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> Dict[str, Dict]:
+    return {k: get_config(arch, k, head_dim_padded, is_fp32) for k in ("dkdv", "dq")}

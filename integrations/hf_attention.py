@@ -1,0 +1,399 @@
+"""fa_amd as a Hugging Face Transformers attention backend.
+
+Transformers calls ``fa_amd_attention_forward`` from every attention layer of a
+model loaded with ``attn_implementation="fa_amd"``.  It receives q/k/v in the
+(batch, heads, seq, head_dim) layout, K/V *not* repeated for GQA, plus whatever
+the model threads through its ``**kwargs`` (position ids, packed-sequence
+boundaries, ...).  It mirrors every path of Transformers' own flash-attention
+backend:
+
+* no mask, equal lengths           -> ``flash_attn_func``
+* 2D padding mask (left or right)  -> unpad, ``flash_attn_varlen_func``, pad back
+* ``cu_seq_lens_q/k`` kwargs       -> packed (padding-free) varlen
+* batch-1 ``position_ids`` resets  -> packed varlen, boundaries from the resets
+* KV-cache decode (sq < sk)        -> causal is bottom-right aligned in fa_amd
+
+The mask side (``fa_amd_attention_mask``) hands the attention a 2D padding mask
+or ``None``; it never builds an O(s^2) 4D mask.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Keys a model may thread through **kwargs that do not change what attention
+# computes (bookkeeping for caches, outputs and losses).
+HARMLESS_KWARGS = frozenset(
+    {
+        "use_cache",
+        "past_key_values",
+        "past_key_value",
+        "cache_position",
+        "position_embeddings",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "num_items_in_batch",
+        "labels",
+        "token_type_ids",
+        "seq_idx",
+        "layer_idx",
+        "logits_to_keep",
+    }
+)
+
+# Keys that change the attention result and that fa_amd cannot honour.  Passing
+# any of them with a non-None value raises instead of silently computing
+# something else.
+UNSUPPORTED_KWARGS = {
+    "s_aux": "learnable attention sinks (s_aux)",
+    "sinks": "learnable attention sinks (sinks)",
+    "position_bias": "an additive position bias",
+    "head_mask": "a per-head mask",
+    "indices": "sparse attention indices",
+    "block_indices": "block-sparse attention indices",
+    "block_table": "a paged KV cache (block_table)",
+    "k_cache": "a paged KV cache (k_cache)",
+    "v_cache": "a paged KV cache (v_cache)",
+    "cache": "a paged KV cache (continuous batching)",
+}
+
+_warned = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+
+
+def _kernels():
+    # Imported lazily: fa_amd imports this package while it is itself importing.
+    from fa_amd import flash_attn_func, flash_attn_varlen_func
+
+    return flash_attn_func, flash_attn_varlen_func
+
+
+def _check_kwargs(kwargs: dict) -> None:
+    for name, value in kwargs.items():
+        if value is None or name in HARMLESS_KWARGS:
+            continue
+        if name == "output_attentions":
+            if value:
+                _warn_once(
+                    "output_attentions",
+                    "fa_amd does not materialise attention probabilities; output_attentions=True "
+                    "returns None for them. Use attn_implementation='eager' to get them.",
+                )
+            continue
+        if name in UNSUPPORTED_KWARGS:
+            raise ValueError(
+                f"fa_amd attention cannot honour `{name}` ({UNSUPPORTED_KWARGS[name]}); "
+                "use attn_implementation='eager' or 'sdpa' for this model."
+            )
+        raise ValueError(
+            f"fa_amd attention got the unexpected keyword argument `{name}` "
+            f"(type {type(value).__name__}). It does not know whether `{name}` changes the "
+            "attention result, so it refuses rather than ignoring it. If it is harmless, add it "
+            "to fa_amd.integrations.hf_attention.HARMLESS_KWARGS."
+        )
+
+
+def _target_dtype(query: torch.Tensor, module: torch.nn.Module) -> Optional[torch.dtype]:
+    """The half dtype fp32 activations are cast to, as Transformers' flash backend does.
+
+    fp32 q/k/v appear when autocast is on (cast to the autocast dtype) or when
+    PEFT upcast norms in a half-precision model (cast back to the weights'
+    dtype).  A plain fp32 model stays fp32, which fa_amd supports.
+    """
+    if query.dtype != torch.float32:
+        return None
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "_is_quantized"):
+        dtype = getattr(config, "dtype", None)
+        return dtype if dtype in (torch.float16, torch.bfloat16) else None
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            dtype = layer.weight.dtype
+            return dtype if dtype in (torch.float16, torch.bfloat16) else None
+    return None
+
+
+def sliding_window_to_window_size(sliding_window: Optional[int], causal: bool, key_length: int):
+    """Transformers' ``sliding_window`` (total window, current token included) -> flash (left, right).
+
+    Transformers' flash backend passes ``(W - 1, W - 1)`` with ``causal`` and only
+    when the keys are longer than the window; with ``causal`` flash-attn clamps
+    the right side to 0, so we pass the equivalent ``(W - 1, 0)`` directly.
+    Non-causal (encoder) sliding windows are symmetric: ``(W - 1, W - 1)``.
+    """
+    if sliding_window is None:
+        return (-1, -1)
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if key_length <= sliding_window:
+        return (-1, -1)
+    return (sliding_window - 1, 0 if causal else sliding_window - 1)
+
+
+def _as_int(value, name: str) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a python int or a one-element tensor, got shape {tuple(value.shape)}")
+        return int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _as_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor):
+        cu = torch.as_tensor(cu)
+    if cu.ndim != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1D tensor of batch + 1 offsets, got shape {tuple(cu.shape)}")
+    return cu.to(device=device, dtype=torch.int32)
+
+
+def _unpad_from_mask(mask: torch.Tensor):
+    """2D keep-mask (b, s) -> (flat indices of kept tokens, cu_seqlens int32, max_seqlen int)."""
+    seqlens = mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    max_seqlen = int(seqlens.max().item())
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    return indices, cu_seqlens, max_seqlen
+
+
+def _gather_tokens(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    # (b, s, h, d) -> (nnz, h, d); plain indexing keeps autograd.
+    return x.reshape(-1, *x.shape[2:])[indices]
+
+
+def _scatter_tokens(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    # (nnz, h, d) -> (b, s, h, d) with zeros on padded slots.
+    out = x.new_zeros(batch * seqlen, *x.shape[1:])
+    out[indices] = x
+    return out.view(batch, seqlen, *x.shape[1:])
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
+    """Packed-sequence boundaries from position ids that restart at their minimum.
+
+    DataCollatorWithFlattening writes position ids 0..n0-1, 0..n1-1, ... into a
+    single row; every occurrence of the row's minimum starts a new sequence.
+    Returns (cu_seqlens int32, max_seqlen python int).
+    """
+    flat = position_ids.reshape(-1)
+    starts = (flat == flat.min()).nonzero().view(-1).to(torch.int32)
+    cu_seqlens = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
+    max_seqlen = int(cu_seqlens.diff().max().item())
+    return cu_seqlens, max_seqlen
+
+
+def _is_packed(position_ids: Optional[torch.Tensor], batch_size: int) -> bool:
+    """True when a batch-1 row holds several sequences (positions are not one arange)."""
+    if position_ids is None or batch_size != 1 or position_ids.shape[-1] == 1:
+        return False
+    row = position_ids.reshape(-1)
+    expected = torch.arange(row.numel(), device=row.device) + row.min()
+    return bool((expected != row).any())
+
+
+def fa_amd_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    cu_seq_lens_q: Optional[torch.Tensor] = None,
+    cu_seq_lens_k: Optional[torch.Tensor] = None,
+    max_length_q=None,
+    max_length_k=None,
+    deterministic: Optional[bool] = None,
+    **kwargs,
+):
+    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None)."""
+    _check_kwargs(kwargs)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            raise ValueError(f"{name} must be a 4D (batch, heads, seq, head_dim) tensor, got {getattr(t, 'shape', t)}")
+        if any(dim == 0 for dim in t.shape):
+            raise ValueError(f"{name} has a zero-sized dimension {tuple(t.shape)}; fa_amd needs non-empty inputs")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
+        raise ValueError(
+            "fa_amd expects a 2D (batch, kv_len) padding mask or None, got "
+            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}. A 4D mask means the model was "
+            "given a custom mask or the 'fa_amd' mask function is not registered (call fa_amd.integrations.register())."
+        )
+
+    flash_attn_func, flash_attn_varlen_func = _kernels()
+
+    batch_size, _, query_length, head_dim = query.shape
+    # flash layout: (b, s, h, d)
+    query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+    # MLA-style models have a smaller value head dim: pad V up and crop the output.
+    v_head_dim = value.shape[-1]
+    if v_head_dim > head_dim:
+        raise ValueError(f"value head dim {v_head_dim} exceeds the query/key head dim {head_dim}")
+    if v_head_dim != head_dim:
+        value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])
+
+    target_dtype = _target_dtype(query, module)
+    if target_dtype is not None:
+        _warn_once("upcast", f"fa_amd: casting fp32 attention inputs to {target_dtype} (autocast / PEFT upcast).")
+        query, key, value = query.to(target_dtype), key.to(target_dtype), value.to(target_dtype)
+    elif key.dtype != query.dtype or value.dtype != query.dtype:
+        key, value = key.to(query.dtype), value.to(query.dtype)
+
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window_size = sliding_window_to_window_size(sliding_window, causal, key.shape[1])
+    # Dropout only while training, exactly like eager's F.dropout(training=module.training).
+    dropout_p = float(dropout) if getattr(module, "training", False) else 0.0
+    common = dict(
+        dropout_p=dropout_p,
+        softmax_scale=scaling,
+        causal=causal,
+        window_size=window_size,
+        softcap=0.0 if softcap is None else float(softcap),
+        deterministic=bool(deterministic) if deterministic is not None else False,
+    )
+
+    if attention_mask is not None:
+        out = _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common)
+    elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+        if any(x is None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
+            raise ValueError(
+                "packed sequences need all of cu_seq_lens_q, cu_seq_lens_k, max_length_q and max_length_k"
+            )
+        cu_q = _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device)
+        cu_k = cu_q if cu_seq_lens_k is cu_seq_lens_q else _as_cu_seqlens(cu_seq_lens_k, "cu_seq_lens_k", query.device)
+        out = flash_attn_varlen_func(
+            query.reshape(-1, *query.shape[2:]),
+            key.reshape(-1, *key.shape[2:]),
+            value.reshape(-1, *value.shape[2:]),
+            cu_q,
+            cu_k,
+            _as_int(max_length_q, "max_length_q"),
+            _as_int(max_length_k, "max_length_k"),
+            **common,
+        )
+        out = out.view(batch_size, -1, *out.shape[-2:])
+    elif _is_packed(position_ids, batch_size):
+        cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids)
+        out = flash_attn_varlen_func(
+            query.reshape(-1, *query.shape[2:]),
+            key.reshape(-1, *key.shape[2:]),
+            value.reshape(-1, *value.shape[2:]),
+            cu_seqlens,
+            cu_seqlens,
+            max_seqlen,
+            max_seqlen,
+            **common,
+        )
+        out = out.view(batch_size, -1, *out.shape[-2:])
+    else:
+        out = flash_attn_func(query, key, value, **common)
+
+    if isinstance(out, tuple):
+        out = out[0]
+    if v_head_dim != head_dim:
+        out = out[..., :v_head_dim]
+    return out, None
+
+
+def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common):
+    batch_size, query_length = query.shape[:2]
+    mask = attention_mask.to(device=query.device, dtype=torch.bool)
+    if mask.shape[0] != batch_size:
+        raise ValueError(f"attention_mask batch {mask.shape[0]} does not match the query batch {batch_size}")
+    # A static cache hands over its whole buffer: the mask says how much of it is filled.
+    if key.shape[1] > mask.shape[1]:
+        key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
+    elif key.shape[1] < mask.shape[1]:
+        raise ValueError(f"attention_mask covers {mask.shape[1]} keys but only {key.shape[1]} were given")
+    indices_k, cu_seqlens_k, max_seqlen_k = _unpad_from_mask(mask)
+    key_unpadded = _gather_tokens(key, indices_k)
+    value_unpadded = _gather_tokens(value, indices_k)
+
+    if query_length == key.shape[1]:
+        indices_q, cu_seqlens_q, max_seqlen_q = indices_k, cu_seqlens_k, max_seqlen_k
+        query_unpadded = _gather_tokens(query, indices_q)
+    elif query_length == 1:
+        # decode: one query token per row, every row present
+        cu_seqlens_q = torch.arange(batch_size + 1, dtype=torch.int32, device=query.device)
+        indices_q = cu_seqlens_q[:-1].long()
+        max_seqlen_q = 1
+        query_unpadded = query.reshape(batch_size, *query.shape[2:])
+    else:
+        # Chunked prefill on top of a cache: the new tokens are the last
+        # query_length mask columns (Transformers pads on the left for generation).
+        indices_q, cu_seqlens_q, max_seqlen_q = _unpad_from_mask(mask[:, -query_length:])
+        query_unpadded = _gather_tokens(query, indices_q)
+
+    out = flash_attn_varlen_func(
+        query_unpadded,
+        key_unpadded,
+        value_unpadded,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        **common,
+    )
+    if isinstance(out, tuple):
+        out = out[0]
+    return _scatter_tokens(out, indices_q, batch_size, query_length)
+
+
+def fa_amd_attention_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Optional[torch.Tensor] = None,
+    **kwargs,
+):
+    """Mask builder registered under "fa_amd": a 2D padding mask or None, never a 4D mask.
+
+    Delegates to Transformers' own ``flash_attention_mask`` (slice the 2D mask to
+    the keys, drop it when nothing is padded).  One addition: with a static
+    cache and no padding mask, the keys are the whole preallocated buffer, so we
+    return an all-ones (batch, filled_length) mask that lets the attention crop
+    the empty tail (Transformers' flash backend gets that mask from generate()
+    because its name contains "flash"; ours does not).
+    """
+    from transformers.masking_utils import causal_mask_function, flash_attention_mask
+
+    if attention_mask is None and kv_length > q_length:
+        filled = q_offset + q_length
+        if isinstance(filled, torch.Tensor):
+            filled = int(filled.item())
+        if kv_offset + kv_length > filled:
+            device = kwargs.get("device", "cpu")
+            return torch.ones(batch_size, filled, dtype=torch.bool, device=device)
+        return None
+    return flash_attention_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function if mask_function is not None else causal_mask_function,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
