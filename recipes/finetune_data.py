@@ -44,9 +44,11 @@ def cache_dir() -> Path:
     """Where the built corpus and tokenizer live: $FA_AMD_RECIPES_CACHE, else the XDG cache."""
     explicit = os.environ.get("FA_AMD_RECIPES_CACHE")
     if explicit:
-        path = Path(explicit)
+        path = Path(explicit).expanduser()
     else:
-        path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fa_amd" / "recipes"
+        # An empty XDG_CACHE_HOME means unset (the XDG spec), not the working directory.
+        xdg_cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(xdg_cache).expanduser() / "fa_amd" / "recipes"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

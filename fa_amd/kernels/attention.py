@@ -558,6 +558,14 @@ _LOG2E = 1.4426950408889634
 _DROPOUT_BITS = 24
 # Triton grids allow 65535 programs on axes 1 and 2 (heads, batch).
 MAX_GRID_YZ = 65535
+# Tests set this so every output starts as NaN: an element a kernel forgets to
+# write then fails the comparison instead of passing on leftover memory.
+POISON_OUTPUTS = False
+
+
+def _new_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    out = like.new_empty(shape, dtype=dtype)
+    return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
 def head_dim_padded(head_dim: int) -> int:
@@ -624,8 +632,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
     """Returns (out, softmax_lse, probs); probs is empty unless return_probs."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-    out = q.new_empty(q.shape)
-    lse = torch.empty((hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), device=q.device, dtype=torch.float32)
+    out = _new_output(q, q.shape)
+    lse = _new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
     probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
     probs = q.new_zeros(probs_shape)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
@@ -663,9 +671,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state):
     """Returns (dq, dk, dv) with the shapes of q, k, v."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-    dq = q.new_empty(q.shape)
-    dk = k.new_empty(k.shape)
-    dv = v.new_empty(v.shape)
+    dq = _new_output(q, q.shape)
+    dk = _new_output(k, k.shape)
+    dv = _new_output(v, v.shape)
     if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
         return dq.zero_(), dk.zero_(), dv.zero_()
     if max_seqlen_q == 0:
@@ -676,7 +684,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
-    delta = torch.empty_like(lse)
+    delta = _new_output(lse, lse.shape)
     common_constexpr = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32

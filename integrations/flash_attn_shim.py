@@ -1,0 +1,397 @@
+"""Route ``flash_attention_2`` / ``import flash_attn`` to fa_amd.
+
+Many training stacks hard-code ``attn_implementation="flash_attention_2"`` or
+``from flash_attn import flash_attn_varlen_func``.  On a machine without the
+flash-attn package (typical on ROCm)::
+
+    import fa_amd
+    fa_amd.integrations.route_flash_attention_2()
+
+does two things:
+
+1. installs a ``flash_attn`` package backed by fa_amd: an import hook (so
+   ``importlib.util.find_spec("flash_attn")`` and ``import flash_attn.bert_padding``
+   work) plus package metadata for a ``flash-attn`` distribution (so
+   ``importlib.metadata.version("flash_attn")`` and Transformers'
+   ``is_flash_attn_2_available()`` see it on a GPU machine).  Skipped when a
+   real flash-attn is importable.
+2. points Transformers' ``"flash_attention_2"`` at fa_amd's attention function
+   and makes its FA2 dispatch checks accept fa_amd (private Transformers
+   internals, kept in ``_patch_transformers_fa2`` with a version check).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import pathlib
+import sys
+import types
+from typing import Optional
+
+import torch
+
+# A flash-attn 2.x version new enough for every feature check in Transformers
+# (softcap >= 2.6, window >= 2.3, 5-tuple unpad_input >= 2.6.3); the local
+# label says who really answers.
+SHIM_FLASH_ATTN_VERSION = "2.8.3+fa_amd"
+SHIM_DISTRIBUTION_NAME = "flash-attn"
+_SHIM_MARKER = "__fa_amd_shim__"
+_TESTED_TRANSFORMERS_MAJOR = 5
+
+
+# --------------------------------------------------------------------------- bert_padding
+
+
+def index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """x (total, ...) -> x[indices] (flash_attn.bert_padding semantics)."""
+    return x[indices]
+
+
+def index_put_first_axis(values: torch.Tensor, indices: torch.Tensor, first_axis_dim: int) -> torch.Tensor:
+    out = values.new_zeros(first_axis_dim, *values.shape[1:])
+    out[indices] = values
+    return out
+
+
+def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: Optional[torch.Tensor] = None):
+    """(b, s, ...) + keep-mask (b, s) -> (tokens, indices, cu_seqlens, max_seqlen, used_seqlens)."""
+    all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
+    seqlens = all_masks.sum(dim=-1, dtype=torch.int32)
+    used_seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
+    max_seqlen = int(seqlens.max().item())
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, max_seqlen, used_seqlens
+
+
+def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """(tokens, ...) -> (b, s, ...) with zeros where nothing was kept."""
+    out = index_put_first_axis(hidden_states, indices, batch * seqlen)
+    return out.view(batch, seqlen, *hidden_states.shape[1:])
+
+
+# --------------------------------------------------------------------------- kv-cache attention
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """flash-attn's decode entry point over a contiguous (non-paged) KV cache.
+
+    Appends k/v (if given) into k_cache/v_cache in place at ``cache_seqlens``,
+    then attends q to the filled part of each row (causal is bottom-right).
+    Paged caches, rotary fusion, cache_batch_idx/leftpad and returning the LSE
+    are not supported and raise.
+    """
+    from fa_amd import flash_attn_varlen_func
+
+    for name, value in (
+        ("rotary_cos", rotary_cos),
+        ("rotary_sin", rotary_sin),
+        ("cache_batch_idx", cache_batch_idx),
+        ("cache_leftpad", cache_leftpad),
+        ("block_table", block_table),
+    ):
+        if value is not None:
+            raise ValueError(f"fa_amd's flash_attn_with_kvcache does not support {name}")
+    if return_softmax_lse:
+        raise ValueError("fa_amd's flash_attn_with_kvcache does not support return_softmax_lse=True")
+    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
+        raise ValueError("q, k_cache and v_cache must be 4D (batch, seq, heads, head_dim)")
+    batch, seqlen_q = q.shape[:2]
+    cache_len = k_cache.shape[1]
+    if cache_seqlens is None:
+        filled = torch.full((batch,), 0 if k is not None else cache_len, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        filled = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        filled = cache_seqlens.to(device=q.device, dtype=torch.int32).reshape(batch)
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        new = k.shape[1]
+        if int((filled + new).max()) > cache_len:
+            raise ValueError(f"appending {new} tokens overflows the KV cache of length {cache_len}")
+        rows = torch.arange(batch, device=q.device)[:, None]
+        cols = filled[:, None].long() + torch.arange(new, device=q.device)[None, :]
+        k_cache[rows, cols] = k.to(k_cache.dtype)
+        v_cache[rows, cols] = v.to(v_cache.dtype)
+        filled = filled + new
+    keep = torch.arange(cache_len, device=q.device)[None, :] < filled[:, None]
+    indices = torch.nonzero(keep.flatten(), as_tuple=False).flatten()
+    cu_k = torch.nn.functional.pad(torch.cumsum(filled, 0, dtype=torch.int32), (1, 0))
+    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
+    out = flash_attn_varlen_func(
+        q.reshape(batch * seqlen_q, *q.shape[2:]),
+        k_cache.reshape(-1, *k_cache.shape[2:])[indices],
+        v_cache.reshape(-1, *v_cache.shape[2:])[indices],
+        cu_q,
+        cu_k,
+        seqlen_q,
+        int(filled.max()),
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
+    return out.view(batch, seqlen_q, *out.shape[1:])
+
+
+# --------------------------------------------------------------------------- the shim package
+
+
+def _build_modules() -> dict:
+    import fa_amd
+
+    api = {
+        name: getattr(fa_amd, name)
+        for name in (
+            "flash_attn_func",
+            "flash_attn_varlen_func",
+            "flash_attn_qkvpacked_func",
+            "flash_attn_kvpacked_func",
+            "flash_attn_varlen_qkvpacked_func",
+            "flash_attn_varlen_kvpacked_func",
+        )
+        if hasattr(fa_amd, name)
+    }
+    api["flash_attn_with_kvcache"] = flash_attn_with_kvcache
+
+    def make(name: str, is_package: bool, attrs: dict) -> types.ModuleType:
+        module = types.ModuleType(name, f"fa_amd stand-in for {name} (see fa_amd.integrations.flash_attn_shim)")
+        module.__spec__ = importlib.machinery.ModuleSpec(name, _FINDER, is_package=is_package)
+        module.__loader__ = _FINDER
+        module.__file__ = __file__
+        if is_package:
+            module.__path__ = []
+            module.__spec__.submodule_search_locations = []
+        setattr(module, _SHIM_MARKER, True)
+        for key, value in attrs.items():
+            setattr(module, key, value)
+        return module
+
+    padding = dict(
+        pad_input=pad_input,
+        unpad_input=unpad_input,
+        index_first_axis=index_first_axis,
+        index_put_first_axis=index_put_first_axis,
+    )
+    modules = {
+        "flash_attn": make("flash_attn", True, dict(api, __version__=SHIM_FLASH_ATTN_VERSION)),
+        "flash_attn.flash_attn_interface": make("flash_attn.flash_attn_interface", False, api),
+        "flash_attn.bert_padding": make("flash_attn.bert_padding", False, padding),
+    }
+    modules["flash_attn"].flash_attn_interface = modules["flash_attn.flash_attn_interface"]
+    modules["flash_attn"].bert_padding = modules["flash_attn.bert_padding"]
+    return modules
+
+
+class _ShimDistribution(importlib.metadata.Distribution):
+    def read_text(self, filename):
+        if filename == "METADATA":
+            return (
+                "Metadata-Version: 2.1\n"
+                f"Name: {SHIM_DISTRIBUTION_NAME}\n"
+                f"Version: {SHIM_FLASH_ATTN_VERSION}\n"
+                "Summary: flash_attn API served by fa_amd (Triton)\n"
+            )
+        if filename == "top_level.txt":
+            return "flash_attn\n"
+        return None
+
+    def locate_file(self, path):
+        return pathlib.Path(__file__).parent / path
+
+
+class _ShimFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the flash_attn shim modules and their distribution metadata."""
+
+    def __init__(self):
+        self.modules: dict = {}
+
+    # importlib.abc.MetaPathFinder
+    def find_spec(self, fullname, path=None, target=None):
+        module = self.modules.get(fullname)
+        return None if module is None else module.__spec__
+
+    # importlib.abc.Loader
+    def create_module(self, spec):
+        return self.modules[spec.name]
+
+    def exec_module(self, module):
+        pass
+
+    # importlib.metadata finder protocol
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if not self.modules:
+            return iter(())
+        name = getattr(context, "name", None)
+        if name is None or name.lower().replace("-", "_").replace(".", "_") == "flash_attn":
+            return iter((_ShimDistribution(),))
+        return iter(())
+
+
+_FINDER = _ShimFinder()
+
+
+def _real_flash_attn_present() -> bool:
+    module = sys.modules.get("flash_attn")
+    if module is not None:
+        return not getattr(module, _SHIM_MARKER, False)
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+        try:
+            return importlib.util.find_spec("flash_attn") is not None
+        finally:
+            sys.meta_path.insert(0, _FINDER)
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def install_flash_attn_shim() -> bool:
+    """Make ``import flash_attn`` resolve to fa_amd.  Returns False if a real flash-attn is installed."""
+    if _real_flash_attn_present():
+        return False
+    if not _FINDER.modules:
+        _FINDER.modules.update(_build_modules())
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    sys.modules.update(_FINDER.modules)
+    importlib.invalidate_caches()
+    _clear_transformers_availability_caches()
+    return True
+
+
+def uninstall_flash_attn_shim() -> None:
+    """Remove the shim modules, import hook and metadata (mainly for tests)."""
+    for name in list(_FINDER.modules):
+        if sys.modules.get(name) is _FINDER.modules[name]:
+            del sys.modules[name]
+    _FINDER.modules.clear()
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    _clear_transformers_availability_caches()
+
+
+def _clear_transformers_availability_caches() -> None:
+    # Transformers caches package probes for the process lifetime.
+    utils = sys.modules.get("transformers.utils.import_utils")
+    if utils is None:
+        return
+    for name in ("is_flash_attn_2_available", "is_flash_attn_greater_or_equal", "_package_distribution_mapping"):
+        fn = getattr(utils, name, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+
+
+# --------------------------------------------------------------------------- transformers routing
+
+
+def _fa_amd_usable() -> bool:
+    """fa_amd runs on any GPU torch sees (ROCm and CUDA), or anywhere under TRITON_INTERPRET=1."""
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _fa_amd_usable_check(*args, **kwargs) -> bool:
+    return _fa_amd_usable()
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_patched_transformers = False
+
+
+def _patch_transformers_fa2() -> None:
+    """Point Transformers' "flash_attention_2" at fa_amd (private internals, version-checked).
+
+    * AttentionInterface["flash_attention_2"] = fa_amd's attention function (public API).
+      The mask side stays Transformers' own flash_attention_mask.
+    * FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]: the availability / device checks
+      that PreTrainedModel runs for "flash_attention_2" ask fa_amd instead of
+      the flash-attn package (so the interpreter on CPU counts too).
+    * modeling_flash_attention_utils.is_flash_attn_2_available: the FA2 loader
+      that Transformers preloads at dispatch imports our shim instead of trying
+      the Hub kernel fallback.
+    """
+    global _patched_transformers
+    import transformers
+    from packaging.version import Version
+
+    version = Version(transformers.__version__)
+    mfu = importlib.import_module("transformers.modeling_flash_attention_utils")
+    matrix = getattr(mfu, "FLASH_ATTENTION_COMPATIBILITY_MATRIX", None)
+    if version.major != _TESTED_TRANSFORMERS_MAJOR or not isinstance(matrix, dict) or 2 not in matrix \
+            or not hasattr(mfu, "_lazy_imports"):
+        raise ImportError(
+            f"route_flash_attention_2() supports transformers {_TESTED_TRANSFORMERS_MAJOR}.x (tested on 5.23); "
+            f"found transformers {transformers.__version__}. Use attn_implementation='fa_amd' instead."
+        )
+    from transformers import AttentionInterface
+
+    from . import register
+    from .hf_attention import fa_amd_attention_forward
+
+    register()
+    AttentionInterface.register("flash_attention_2", fa_amd_attention_forward)
+    if _patched_transformers:
+        return
+    supported_devices = ((torch.cuda.is_available, "cuda"), (_interpreter_on, "cpu (Triton interpreter)"))
+    entry = dict(matrix[2])
+    entry.update(
+        general_availability_check=_fa_amd_usable_check,
+        pkg_availability_check=lambda *args, **kwargs: True,
+        supported_devices=supported_devices,
+        custom_supported_devices=(),
+    )
+    matrix[2] = entry
+    mfu.is_flash_attn_2_available = _fa_amd_usable_check
+    if getattr(mfu, "_loaded_implementation", None) == "flash_attention_2":
+        mfu._loaded_implementation = None  # reload FA2 functions from the shim
+    _patched_transformers = True
+
+
+def route_flash_attention_2(shim_flash_attn: bool = True) -> None:
+    """Make ``attn_implementation="flash_attention_2"`` and ``import flash_attn`` use fa_amd.
+
+    Call once, after ``import fa_amd`` and before building models.  Models
+    already built with "flash_attention_2" also switch, since Transformers looks
+    the implementation up by name on every forward.
+
+    Args:
+        shim_flash_attn: also install the ``flash_attn`` stand-in package (skipped
+            automatically when a real flash-attn is installed).
+    """
+    if not isinstance(shim_flash_attn, bool):
+        raise TypeError("shim_flash_attn must be a bool")
+    if shim_flash_attn:
+        install_flash_attn_shim()
+    elif _real_flash_attn_present() is False and "flash_attn" not in sys.modules:
+        # Transformers' FA2 loader imports flash_attn at dispatch time; without a
+        # package to import it would try the Hub, so the shim is required.
+        raise ValueError("shim_flash_attn=False needs an importable flash_attn package")
+    _patch_transformers_fa2()

@@ -1,0 +1,190 @@
+"""Liger-style patching: fused Triton rotary + fa_amd attention for Llama / Mistral.
+
+Call before building a model (patches the modeling module, and makes "fa_amd"
+the attention of models created afterwards unless they ask for another one)::
+
+    from fa_amd.integrations import apply_fa_amd_to_llama
+    apply_fa_amd_to_llama()
+    model = AutoModelForCausalLM.from_pretrained(...)
+
+or on an existing model, PEFT-wrapped or not::
+
+    apply_fa_amd_to_llama(model)
+
+The rotary patch replaces ``apply_rotary_pos_emb`` in the modeling module, so it
+affects every model of that family in the process, like Liger's patches.
+``revert_fa_amd_patches()`` undoes everything this module changed.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Optional
+
+import torch
+
+from . import ATTENTION_NAME, register
+
+# (owner object, attribute name) -> original value, for revert_fa_amd_patches()
+_originals: dict = {}
+
+
+def _set_patched(owner, name: str, value) -> None:
+    key = (owner, name)
+    if key not in _originals:
+        _originals[key] = owner.__dict__.get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+def revert_fa_amd_patches() -> None:
+    """Restore every module function / class attribute patched by this module.
+
+    Models already switched to "fa_amd" keep it; call
+    ``model.set_attn_implementation(...)`` to change them.
+    """
+    for (owner, name), original in list(_originals.items()):
+        if original is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+    _originals.clear()
+
+
+def _fused_apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Same contract as Hugging Face's Llama/Mistral ``apply_rotary_pos_emb``, fused in Triton."""
+    from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
+
+    return hf_apply_rotary_pos_emb(q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim)
+
+
+def _unwrap_model(model):
+    """The transformers PreTrainedModel inside PEFT / DDP / compile wrappers."""
+    from transformers import PreTrainedModel
+
+    seen = set()
+    current = model
+    while not isinstance(current, PreTrainedModel):
+        if id(current) in seen:
+            break
+        seen.add(id(current))
+        if hasattr(current, "get_base_model") and callable(current.get_base_model):  # peft.PeftModel
+            current = current.get_base_model()
+        elif hasattr(current, "_orig_mod"):  # torch.compile
+            current = current._orig_mod
+        elif hasattr(current, "module") and isinstance(current.module, torch.nn.Module):  # DDP / FSDP
+            current = current.module
+        elif hasattr(current, "model") and isinstance(current.model, torch.nn.Module):  # peft LoraModel
+            current = current.model
+        else:
+            break
+    if not isinstance(current, PreTrainedModel):
+        raise TypeError(
+            f"model must be a transformers PreTrainedModel (optionally PEFT/DDP/compile wrapped), "
+            f"got {type(model).__name__}"
+        )
+    return current
+
+
+def _default_to_fa_amd(pretrained_cls) -> None:
+    """Models of this family built from now on default to "fa_amd" when no attention is requested.
+
+    Wraps the (private) ``_check_and_adjust_attn_implementation`` that
+    PreTrainedModel.__init__ runs on ``config._attn_implementation``; an explicit
+    request ("eager", "sdpa", ...) is still honoured.
+    """
+    original = getattr(pretrained_cls, "_check_and_adjust_attn_implementation", None)
+    if getattr(original, "_fa_amd_default", False):
+        return
+    if original is None:
+        raise RuntimeError(
+            "this transformers version has no PreTrainedModel._check_and_adjust_attn_implementation; "
+            "pass attn_implementation='fa_amd' to from_pretrained/from_config instead"
+        )
+
+    @functools.wraps(original)
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if attn_implementation is None:
+            attn_implementation = ATTENTION_NAME
+        return original(self, attn_implementation, *args, **kwargs)
+
+    _check_and_adjust_attn_implementation._fa_amd_default = True
+    _set_patched(pretrained_cls, "_check_and_adjust_attn_implementation", _check_and_adjust_attn_implementation)
+
+
+def _apply(modeling_module_name: str, pretrained_cls_name: str, model, rope: bool, attention: bool):
+    if not isinstance(rope, bool) or not isinstance(attention, bool):
+        raise TypeError("rope and attention must be bools")
+    register()
+    modeling = importlib.import_module(modeling_module_name)
+    pretrained_cls = getattr(modeling, pretrained_cls_name)
+
+    if rope:
+        if not hasattr(modeling, "apply_rotary_pos_emb"):
+            raise RuntimeError(f"{modeling_module_name} has no apply_rotary_pos_emb to patch")
+        _set_patched(modeling, "apply_rotary_pos_emb", _fused_apply_rotary_pos_emb)
+
+    if model is None:
+        if attention:
+            _default_to_fa_amd(pretrained_cls)
+        return None
+
+    base_model = _unwrap_model(model)
+    if not isinstance(base_model, pretrained_cls):
+        raise TypeError(
+            f"model is a {type(base_model).__name__}, not a {pretrained_cls_name}; "
+            "use the apply_fa_amd_to_* function of its family"
+        )
+    if attention:
+        base_model.set_attn_implementation(ATTENTION_NAME)
+        if base_model.config._attn_implementation != ATTENTION_NAME:
+            raise RuntimeError(
+                f"{type(base_model).__name__} refused attn_implementation='{ATTENTION_NAME}' "
+                f"(kept '{base_model.config._attn_implementation}')"
+            )
+    return model
+
+
+def apply_fa_amd_to_llama(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Llama models.
+
+    Args:
+        model: an existing Llama model (plain, PEFT/LoRA, DDP or compile wrapped);
+            None patches the modeling module before models are built.
+        rope: swap ``apply_rotary_pos_emb`` for the fused Triton kernel.
+        attention: use attention implementation "fa_amd".
+    Returns the model (unchanged object) or None.
+    """
+    return _apply("transformers.models.llama.modeling_llama", "LlamaPreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_mistral(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention (with sliding window) for Mistral models.
+
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.mistral.modeling_mistral", "MistralPreTrainedModel", model, rope, attention)
+
+
+_FAMILIES = {
+    "llama": apply_fa_amd_to_llama,
+    "mistral": apply_fa_amd_to_mistral,
+}
+
+
+def apply_fa_amd(model: torch.nn.Module, rope: bool = True, attention: bool = True):
+    """Pick the patch for ``model`` by its ``config.model_type`` (llama, mistral)."""
+    base_model = _unwrap_model(model)
+    model_type = getattr(base_model.config, "model_type", None)
+    if model_type not in _FAMILIES:
+        raise ValueError(
+            f"no fa_amd patch for model_type {model_type!r} (supported: {sorted(_FAMILIES)}); "
+            "attn_implementation='fa_amd' works for any model using Transformers' AttentionInterface"
+        )
+    return _FAMILIES[model_type](model, rope=rope, attention=attention)

@@ -1,0 +1,375 @@
+#!/usr/bin/env python
+"""Training-step benchmark of the attention implementations, in one process.
+
+Throughput (default): tokens/s and peak memory of a full training step
+(forward, backward, fused AdamW) of a random-init Llama for every
+``--attn`` x ``--modes`` (packed / padded) x ``--seq-lens``:
+
+    python recipes/bench_train.py                                  # 8 layers, hidden 2048, 16/4 heads, bf16
+    python recipes/bench_train.py --seq-lens 2048 8192 --attn fa_amd sdpa
+
+Loss curves (``--compare-loss``): the same model init, the same batches and
+dropout 0 trained with each implementation for ``--steps`` steps; reports
+the largest loss gap to the reference implementation.
+
+    python recipes/bench_train.py --compare-loss --steps 50
+
+Both print a table and write JSON (and a PNG for --compare-loss) to --output-dir.
+Tokens/s counts real tokens only: padding is work the padded mode wastes.
+Without a GPU it runs a tiny model through the Triton interpreter (a smoke
+run of the script, not a measurement).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import finetune_common as common  # noqa: E402
+import finetune_data as data  # noqa: E402
+
+BENCH_SHAPE = common.ModelShape(hidden_size=2048, intermediate_size=5632, num_layers=8, num_heads=16, num_kv_heads=4)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare-loss", action="store_true",
+                        help="compare loss curves of the implementations instead of measuring throughput")
+    parser.add_argument("--attn", nargs="+", choices=common.ATTN_IMPLEMENTATIONS, default=list(common.ATTN_IMPLEMENTATIONS))
+    parser.add_argument("--modes", nargs="+", choices=("packed", "padded"), default=["packed", "padded"])
+    parser.add_argument("--seq-lens", nargs="+", type=int, default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="token budget per step (default: 16384 on GPU, raised to the seq-len if smaller)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    parser.add_argument("--data", choices=("synthetic", "corpus"), default="synthetic",
+                        help="synthetic: random tokens, lengths uniform in [seq-len/4, seq-len], so every seq-len is "
+                             "really exercised; corpus: the built-in text corpus (mostly short documents)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                        help="throughput: weights and optimizer in this dtype; --compare-loss: autocast dtype over "
+                             "fp32 weights (default: bf16 on GPU, fp32 on CPU)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="attention dropout (forced 0 for --compare-loss)")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--reference", choices=common.ATTN_IMPLEMENTATIONS, default="sdpa",
+                        help="--compare-loss: implementation the gaps are measured against")
+    parser.add_argument("--no-fused-rope", action="store_true", help="fa_amd without the fused rotary patch")
+    parser.add_argument("--hidden-size", type=int, default=None)
+    parser.add_argument("--intermediate-size", type=int, default=None)
+    parser.add_argument("--num-layers", type=int, default=None)
+    parser.add_argument("--num-heads", type=int, default=None)
+    parser.add_argument("--num-kv-heads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="runs/bench_train")
+    return parser
+
+
+def resolve(args) -> Namespace:
+    gpu = common.has_gpu()
+    shape = BENCH_SHAPE if gpu else common.CPU_SHAPE
+    for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(shape, name))
+    if args.seq_lens is None:
+        args.seq_lens = [2048, 8192] if gpu else [64]
+    if args.batch_tokens is None:
+        args.batch_tokens = 16384 if gpu else 256
+    if args.steps is None:
+        args.steps = 50 if args.compare_loss else 10
+    if args.dtype is None:
+        args.dtype = "bf16" if gpu else "fp32"
+    if not gpu and args.dtype != "fp32":
+        print("[bench] no GPU: the Triton interpreter needs fp32, using --dtype fp32", flush=True)
+        args.dtype = "fp32"
+    if args.compare_loss:
+        args.dropout = 0.0
+    return args
+
+
+def model_args(args, attn: str, seq_len: int) -> Namespace:
+    """The Namespace finetune_common.build_model reads, for one benchmark cell."""
+    return Namespace(
+        model=None, model_type="llama", attn=attn, no_fused_rope=args.no_fused_rope, dropout=args.dropout,
+        sliding_window=None, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+        num_layers=args.num_layers, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+        seq_len=seq_len, lora=False, gradient_checkpointing=False, dtype="fp32",
+    )
+
+
+class VocabOnly:
+    """What build_model needs of a tokenizer when the data is synthetic."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eos_token_id = 0
+        self.pad_token_id = 1
+
+    def __len__(self):
+        return self.vocab_size
+
+
+def make_samples(args, seq_len: int, count_tokens: int):
+    """Samples worth at least ``count_tokens`` tokens, and the tokenizer-like object for the model."""
+    rng = random.Random(args.seed)
+    if args.data == "corpus":
+        texts = data.load_builtin_corpus()
+        tokenizer = data.builtin_tokenizer(texts, common.BUILTIN_VOCAB_SIZE)
+        samples, _ = data.tokenize_and_chunk(texts, tokenizer, seq_len)
+        rng.shuffle(samples)
+        return samples, tokenizer
+    vocab = VocabOnly(common.BUILTIN_VOCAB_SIZE)
+    samples, total = [], 0
+    while total < count_tokens:
+        length = rng.randint(max(2, seq_len // 4), seq_len)
+        samples.append([rng.randrange(2, vocab.vocab_size) for _ in range(length)])
+        total += length
+    return samples, vocab
+
+
+def make_batches(samples, batch_tokens: int, packed: bool, pad_token_id: int, count: int, seed: int):
+    sampler = data.TokenBudgetBatchSampler([len(s) for s in samples], batch_tokens, packed=packed, seed=seed)
+    collate = data.make_collator(packed, pad_token_id)
+    batches = []
+    while len(batches) < count:
+        for indices in sampler:
+            batches.append(collate([{"input_ids": samples[i]} for i in indices]))
+            if len(batches) == count:
+                break
+        sampler.set_epoch(sampler.epoch + 1)
+    return batches
+
+
+def to_device(batch, device):
+    import torch
+
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def build(args, attn: str, seq_len: int, tokenizer, weights_dtype, device):
+    import torch
+
+    torch.manual_seed(args.seed)
+    model = common.build_model(model_args(args, attn, seq_len), tokenizer).to(device=device, dtype=weights_dtype)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    return model, optimizer
+
+
+def train_step(model, optimizer, batch, autocast_dtype, device):
+    import torch
+
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def synchronize(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release(device, attn: str | None = None):
+    import torch
+
+    if attn == "fa_amd":
+        # The fused-rotary patch swaps a module-level function for the whole
+        # process; undo it so the next sdpa/eager model runs stock code.
+        from fa_amd.integrations.monkey_patch import revert_fa_amd_patches
+
+        revert_fa_amd_patches()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def measure_throughput(args, device) -> list[dict]:
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    results = []
+    for seq_len in args.seq_lens:
+        batch_tokens = max(args.batch_tokens, seq_len)
+        samples, tokenizer = make_samples(args, seq_len, batch_tokens * (args.warmup_steps + args.steps + 2) * 2)
+        for mode in args.modes:
+            batches = make_batches(samples, batch_tokens, mode == "packed", tokenizer.pad_token_id,
+                                   args.warmup_steps + args.steps, args.seed)
+            real_tokens = sum(data.real_token_count(b) for b in batches[args.warmup_steps:])
+            computed_tokens = sum(b["input_ids"].numel() for b in batches[args.warmup_steps:])
+            for attn in args.attn:
+                cell = {"attn": attn, "mode": mode, "seq_len": seq_len, "batch_tokens": batch_tokens,
+                        "padding_fraction": 1 - real_tokens / computed_tokens}
+                model = optimizer = None
+                try:
+                    model, optimizer = build(args, attn, seq_len, tokenizer, dtype, device)
+                    device_batches = [to_device(b, device) for b in batches]
+                    for batch in device_batches[: args.warmup_steps]:
+                        train_step(model, optimizer, batch, None, device)
+                    synchronize(device)
+                    release(device)
+                    started = time.perf_counter()
+                    for batch in device_batches[args.warmup_steps:]:
+                        loss = train_step(model, optimizer, batch, None, device)
+                    synchronize(device)
+                    seconds = time.perf_counter() - started
+                    cell.update({
+                        "status": "ok",
+                        "tokens_per_s": real_tokens / seconds,
+                        "step_ms": 1000 * seconds / args.steps,
+                        "peak_mem_gb": common.peak_memory_gb(device),
+                        "final_loss": float(loss),
+                    })
+                except torch.OutOfMemoryError:
+                    cell.update({"status": "OOM"})
+                except Exception as err:  # one failing cell must not lose the whole table
+                    cell.update({"status": f"error: {type(err).__name__}: {err}"[:300]})
+                finally:
+                    del model, optimizer
+                    device_batches = None
+                    release(device, attn)
+                results.append(cell)
+                print(f"[bench] {format_row(cell)}", flush=True)
+    return results
+
+
+def format_row(cell) -> str:
+    if cell["status"] != "ok":
+        return f"{cell['attn']:>7} {cell['mode']:>7} {cell['seq_len']:>7} {cell['status']}"
+    return (f"{cell['attn']:>7} {cell['mode']:>7} {cell['seq_len']:>7} {cell['tokens_per_s']:>12,.0f} "
+            f"{cell['step_ms']:>9.1f} {cell['peak_mem_gb']:>9.2f} {100 * cell['padding_fraction']:>6.1f}%")
+
+
+def print_throughput_table(results):
+    print(f"{'attn':>7} {'mode':>7} {'seq_len':>7} {'tokens/s':>12} {'step ms':>9} {'peak GB':>9} {'pad':>7}")
+    for cell in results:
+        print(format_row(cell))
+
+
+def compare_losses(args, device) -> dict:
+    import torch
+
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[args.dtype]
+    seq_len = args.seq_lens[0]
+    batch_tokens = max(args.batch_tokens, seq_len)
+    samples, tokenizer = make_samples(args, seq_len, batch_tokens * (args.steps + 2) * 2)
+    curves, status = {}, {}
+    for mode in args.modes:
+        batches = make_batches(samples, batch_tokens, mode == "packed", tokenizer.pad_token_id, args.steps, args.seed)
+        for attn in args.attn:
+            key = f"{attn}/{mode}"
+            model = optimizer = None
+            try:
+                model, optimizer = build(args, attn, seq_len, tokenizer, torch.float32, device)
+                losses = []
+                for batch in batches:
+                    losses.append(float(train_step(model, optimizer, to_device(batch, device), autocast_dtype, device)))
+                curves[key] = losses
+                status[key] = "ok"
+                print(f"[bench] {key}: loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+            except torch.OutOfMemoryError:
+                status[key] = "OOM"
+            except Exception as err:
+                status[key] = f"error: {type(err).__name__}: {err}"[:300]
+            finally:
+                del model, optimizer
+                release(device, attn)
+            if status[key] != "ok":
+                print(f"[bench] {key}: {status[key]}", flush=True)
+    gaps = {}
+    for mode in args.modes:
+        reference = curves.get(f"{args.reference}/{mode}")
+        for attn in args.attn:
+            key = f"{attn}/{mode}"
+            if reference is None or key not in curves or attn == args.reference:
+                continue
+            diffs = [abs(a - b) for a, b in zip(curves[key], reference)]
+            gaps[key] = {"vs": f"{args.reference}/{mode}", "max_abs_gap": max(diffs),
+                         "max_gap_step": 1 + diffs.index(max(diffs)), "final_abs_gap": diffs[-1]}
+    return {"curves": curves, "status": status, "gaps": gaps, "seq_len": seq_len, "batch_tokens": batch_tokens}
+
+
+def plot_curves(curves: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(8, 5))
+    for key, losses in curves.items():
+        axis.plot(range(1, len(losses) + 1), losses, label=key, linewidth=1.2)
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def environment(device) -> dict:
+    import platform
+
+    import torch
+
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "hip": torch.version.hip,
+        "cuda": torch.version.cuda,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+    }
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    interpreting = common.prepare_triton_interpreter()
+    args = resolve(args)
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if interpreting:
+        print("[bench] no GPU: a tiny model through the Triton interpreter. This checks the script, it measures "
+              "nothing; run it on a GPU for numbers.", flush=True)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in vars(args).items()}
+    config["environment"] = environment(device)
+    if args.compare_loss:
+        result = compare_losses(args, device)
+        report = {"config": config, **result}
+        json_path = output_dir / "compare_loss.json"
+        png_path = output_dir / "compare_loss.png"
+        plot_curves(result["curves"], png_path, f"dropout 0, seed {args.seed}, seq-len {result['seq_len']}, "
+                                                f"{args.dtype}")
+        print(f"{'run':>15} {'vs':>15} {'max |gap|':>10} {'at step':>8} {'final |gap|':>12}")
+        for key, gap in result["gaps"].items():
+            print(f"{key:>15} {gap['vs']:>15} {gap['max_abs_gap']:>10.4f} {gap['max_gap_step']:>8} "
+                  f"{gap['final_abs_gap']:>12.4f}")
+        print(f"[bench] wrote {json_path} and {png_path}")
+    else:
+        results = measure_throughput(args, device)
+        report = {"config": config, "results": results}
+        json_path = output_dir / "bench_train.json"
+        print_throughput_table(results)
+        print(f"[bench] wrote {json_path}")
+    json_path.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

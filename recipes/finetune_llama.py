@@ -1,0 +1,20 @@
+#!/usr/bin/env python
+"""Fine-tune a Llama-style model with fa_amd attention through Accelerate.
+
+    accelerate launch recipes/finetune_llama.py            # defaults: no download needed
+    accelerate launch recipes/finetune_llama.py --help     # every option
+
+The training code is shared with the other recipes (finetune_common.py);
+docs/RECIPES.md describes options, configs and multi-node launch.
+"""
+import os
+import sys
+
+# Run as a script (accelerate launch recipes/finetune_llama.py): make the
+# sibling modules importable whatever the working directory is.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from finetune_common import main  # noqa: E402
+
+if __name__ == "__main__":
+    main(model_type="llama")

@@ -1,0 +1,80 @@
+"""Shared pieces of the kernel tests: input makers and the flash-attn style
+tolerance check (kernel error vs a float64 reference must be at most twice
+the error of the same computation done by PyTorch in the inputs' precision,
+plus a small epsilon)."""
+from __future__ import annotations
+
+import torch
+
+from fa_amd.reference import attention_ref, attention_varlen_ref
+
+# per-dtype epsilon added to 2x the PyTorch same-precision error, relative to
+# the reference's magnitude.  fp32 gets more room: a flash kernel rebuilds P as
+# exp2(s*log2e - lse*log2e), which in fp32 costs ~|s| * 2^-24 relative error that
+# PyTorch's two-pass fp32 softmax does not pay, while its own fp32 error is ~1e-7.
+EPS = {torch.float32: 2e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def randn(*shape, dtype, device, requires_grad=True):
+    x = torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
+    return x.requires_grad_(requires_grad)
+
+
+def assert_close_to_ref(name, got, ref64, ref_lowp, dtype):
+    assert not torch.isnan(got).any(), f"{name}: NaN in kernel output (unwritten element?)"
+    err = (got.double() - ref64).abs().max().item()
+    err_pt = (ref_lowp.double() - ref64).abs().max().item()
+    bound = 2 * err_pt + EPS[dtype] * max(1.0, ref64.abs().max().item())
+    assert err <= bound, f"{name}: max error {err:.3e} > 2 x PyTorch {dtype} error {err_pt:.3e} + eps"
+
+
+def grads(out, inputs, dout):
+    return torch.autograd.grad(out, inputs, dout, allow_unused=False)
+
+
+def compare_dense(fa_fn, q, k, v, dout=None, check_grads=True, **kw):
+    """Run fa_fn(q, k, v) and the references; assert output (and grads) within tolerance."""
+    dtype = q.dtype
+    out = fa_fn(q, k, v)
+    if isinstance(out, tuple):
+        out = out[0]
+    leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    leaves_lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref64, _ = attention_ref(*leaves64, **kw)
+    ref_lp, _ = attention_ref(*leaves_lp, upcast=False, **kw)
+    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+    if not check_grads:
+        return out
+    if dout is None:
+        dout = torch.randn_like(out)
+    g = grads(out, (q, k, v), dout)
+    g64 = grads(ref64, leaves64, dout.double())
+    g_lp = grads(ref_lp, leaves_lp, dout)
+    for name, a, b, c in zip(("dq", "dk", "dv"), g, g64, g_lp):
+        assert_close_to_ref(name, a, b, c, dtype)
+    return out
+
+
+def cu_seqlens(lengths, device):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+def compare_varlen(fa_fn, q, k, v, cu_q, cu_k, check_grads=True, **kw):
+    dtype = q.dtype
+    out = fa_fn(q, k, v)
+    if isinstance(out, tuple):
+        out = out[0]
+    leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    leaves_lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref64, _ = attention_varlen_ref(*leaves64, cu_q, cu_k, **kw)
+    ref_lp, _ = attention_varlen_ref(*leaves_lp, cu_q, cu_k, upcast=False, **kw)
+    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+    if not check_grads:
+        return out
+    dout = torch.randn_like(out)
+    g = grads(out, (q, k, v), dout)
+    g64 = grads(ref64, leaves64, dout.double())
+    g_lp = grads(ref_lp.to(dtype), leaves_lp, dout)
+    for name, a, b, c in zip(("dq", "dk", "dv"), g, g64, g_lp):
+        assert_close_to_ref(name, a, b, c, dtype)
+    return out
