@@ -175,7 +175,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) fp32 and S_dmask (batch, nheads, seqlen_q,
     seqlen_k): probabilities, negated where dropout dropped them (testing only).
-    The backward is always deterministic (no atomics), so `deterministic` is accepted and always honored.
+    deterministic=True computes dQ in a separate pass without atomics (bitwise reproducible gradients);
+    the default False accumulates dQ with fp32 atomics (faster; last-bit run-to-run differences).
     """
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
@@ -184,7 +185,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     out, lse, probs = torch.ops.fa_amd.attention_fwd(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
-        _rng_state(dropout_p, q.device), return_attn_probs)
+        _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
     return _finish(out, lse, probs, return_attn_probs)
 
 
@@ -237,7 +238,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     out, lse, probs = torch.ops.fa_amd.attention_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
-        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs)
+        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
     return _finish(out, lse, probs, return_attn_probs)
 
 

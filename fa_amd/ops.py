@@ -26,7 +26,7 @@ def attention_fwd(
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
-    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool,
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
@@ -35,7 +35,8 @@ def attention_fwd(
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                        softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
+                        softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
+                        deterministic):
     if cu_seqlens_q is not None:
         batch = cu_seqlens_q.shape[0] - 1
         hq = q.shape[1]
@@ -53,13 +54,13 @@ def attention_bwd(
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
-    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor],
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
-                              alibi_slopes, rng_state)
+                              alibi_slopes, rng_state, deterministic)
 
 
 @attention_bwd.register_fake
@@ -69,20 +70,22 @@ def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, *args):
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-     window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs) = inputs
+     window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs, deterministic) = inputs
     out, lse, _probs = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
-    ctx.params = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap)
+    ctx.params = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+                  deterministic)
     ctx.mark_non_differentiable(lse, _probs)
 
 
 def _backward(ctx, dout, _dlse, _dprobs):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
-    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap = ctx.params
+    (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+     deterministic) = ctx.params
     dq, dk, dv = torch.ops.fa_amd.attention_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state)
-    return (dq, dk, dv) + (None,) * 12
+        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, deterministic)
+    return (dq, dk, dv) + (None,) * 13
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)

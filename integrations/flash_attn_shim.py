@@ -390,7 +390,7 @@ def route_flash_attention_2(shim_flash_attn: bool = True) -> None:
         raise TypeError("shim_flash_attn must be a bool")
     if shim_flash_attn:
         install_flash_attn_shim()
-    elif _real_flash_attn_present() is False and "flash_attn" not in sys.modules:
+    elif not _real_flash_attn_present() and "flash_attn" not in sys.modules:
         # Transformers' FA2 loader imports flash_attn at dispatch time; without a
         # package to import it would try the Hub, so the shim is required.
         raise ValueError("shim_flash_attn=False needs an importable flash_attn package")

@@ -66,6 +66,9 @@ _warned = set()
 
 
 def _warn_once(key: str, message: str) -> None:
+    # Logging is a side effect torch.compile would break the graph on; warn in eager runs only.
+    if torch.compiler.is_compiling():
+        return
     if key not in _warned:
         _warned.add(key)
         logger.warning(message)
@@ -379,7 +382,10 @@ def fa_amd_attention_mask(
     """
     from transformers.masking_utils import causal_mask_function, flash_attention_mask
 
-    if attention_mask is None and kv_length > q_length:
+    # Only causal (decoder self-attention) masks can face a static cache; a
+    # bidirectional call with more keys than queries is cross-attention.
+    building_causal = "allow_is_bidirectional_skip" not in kwargs
+    if attention_mask is None and building_causal and kv_length > q_length:
         filled = q_offset + q_length
         if isinstance(filled, torch.Tensor):
             filled = int(filled.item())

@@ -284,8 +284,15 @@ def build_model(args, tokenizer):
             print(f"[recipe] no fused-rotary patch for model_type {model.config.model_type!r}; "
                   f"using fa_amd attention with the stock rotary", flush=True)
 
+    if args.dropout is None:
+        args.dropout = getattr(model.config, "attention_dropout", None)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant checkpointing works with frozen (LoRA) bases and varlen kwargs.
+        # Newer Transformers 5.x renamed the method; older ones only have the first name.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
         from peft import LoraConfig, get_peft_model
 

@@ -206,7 +206,11 @@ def _load_with_datasets(spec: str, text_column: str, split: str, config_name: st
             raise DataError(f"{spec}: unsupported file type {suffix!r}")
         dataset = datasets.load_dataset(builder[suffix], data_files=files, split=split)
     else:
-        dataset = datasets.load_dataset(spec, config_name, split=split)
+        try:
+            dataset = datasets.load_dataset(spec, config_name, split=split)
+        except Exception as err:  # not found, offline, bad config/split: all need the user to act
+            raise DataError(f"could not load dataset {spec!r} (config {config_name!r}, split {split!r}): "
+                            f"{type(err).__name__}: {err}") from err
     if text_column not in dataset.column_names:
         raise DataError(
             f"{spec}: no text column {text_column!r}; its columns are: {', '.join(dataset.column_names)}. "

@@ -226,9 +226,9 @@ def _greedy(model, attn, ids, mask, new_tokens=16, **kwargs):
     return out[:, ids.shape[1] :]
 
 
-def _check_generate(family, device, dtype, new_tokens=16, **kwargs):
+def _check_generate(family, device, dtype, new_tokens=16, lengths=(12, 7), **kwargs):
     model = tiny_model(family, device, dtype)
-    ids, mask = padded_batch(device, "left", lengths=(12, 7))
+    ids, mask = padded_batch(device, "left", lengths=lengths)
     ids, mask = ids[:, -12:], mask[:, -12:]
     ref = _greedy(model, "eager", ids, mask, new_tokens, **kwargs)
     out = _greedy(model, "fa_amd", ids, mask, new_tokens, **kwargs)
@@ -243,9 +243,10 @@ def test_generate_greedy_matches_eager(family, device):
 
 
 def test_generate_static_cache_matches_eager(device):
-    # the static cache hands attention its whole preallocated buffer; the
-    # "fa_amd" mask function must make the attention crop the empty tail
-    _check_generate("llama", device, torch.float32, new_tokens=6, cache_implementation="static")
+    # Without padding generate() drops the mask, and the static cache hands the
+    # attention its whole preallocated buffer: the "fa_amd" mask function must
+    # let the attention crop the empty tail.
+    _check_generate("llama", device, torch.float32, new_tokens=6, lengths=(12, 12), cache_implementation="static")
 
 
 @pytest.mark.gpu
@@ -385,11 +386,14 @@ def test_from_pretrained_from_config_and_not_saved(tmp_path, device):
     assert "fa_amd" not in (tmp_path / "config.json").read_text()
 
 
-def test_patch_before_construction_defaults_to_fa_amd(device):
+def test_patch_before_construction_defaults_to_fa_amd(tmp_path, device):
+    LlamaForCausalLM(tiny_config("llama")).save_pretrained(tmp_path)
     try:
         apply_fa_amd_to_llama()
         model = LlamaForCausalLM(tiny_config("llama"))
         assert model.config._attn_implementation == "fa_amd"
+        assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "fa_amd"
+        assert AutoModelForCausalLM.from_config(tiny_config("llama")).config._attn_implementation == "fa_amd"
         explicit = LlamaForCausalLM._from_config(tiny_config("llama"), attn_implementation="eager")
         assert explicit.config._attn_implementation == "eager"
         import transformers.models.llama.modeling_llama as modeling

@@ -26,8 +26,12 @@ import finetune_common  # noqa: E402
 import finetune_data  # noqa: E402
 
 # Small on purpose: the interpreter runs every kernel program in Python.
-TINY = ["--seq-len", "64", "--batch-tokens", "128", "--log-every", "1"]
+# On CPU these are the recipe's own defaults; spelled out so a GPU machine runs the same small model.
+TINY_MODEL = ["--hidden-size", "64", "--intermediate-size", "128", "--num-layers", "2", "--num-heads", "4",
+              "--num-kv-heads", "2"]
+TINY = ["--seq-len", "64", "--batch-tokens", "128", "--log-every", "1", *TINY_MODEL]
 RUN_TIMEOUT_S = 300
+ON_CPU = not torch.cuda.is_available()
 
 # Seven short paragraphs (blank-line separated) of different lengths: with
 # --seq-len 64 / --batch-tokens 128 an epoch is a few micro-batches, so a
@@ -43,7 +47,7 @@ def recipe_env(tmp_path_factory):
     """Environment for recipe subprocesses: a private corpus/tokenizer cache, the interpreter on."""
     env = dict(os.environ)
     env["FA_AMD_RECIPES_CACHE"] = str(tmp_path_factory.mktemp("recipes_cache"))
-    if not torch.cuda.is_available():
+    if ON_CPU:
         env["TRITON_INTERPRET"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["HF_HUB_OFFLINE"] = "1"
@@ -96,7 +100,7 @@ def test_default_llama_recipe_through_accelerate_launch(tmp_path, recipe_env):
     assert config["attn"] == "fa_amd" and config["fused_rope"] and config["packing"]
     assert config["dropout"] > 0 and config["model_type"] == "llama"
     assert config["num_kv_heads"] < config["num_heads"]  # GQA
-    if not torch.cuda.is_available():
+    if ON_CPU:
         assert config["triton_interpret"] and config["dtype"] == "fp32"
         assert "CPU smoke run" in output
     assert "split into 64-token chunks" in output
@@ -104,17 +108,33 @@ def test_default_llama_recipe_through_accelerate_launch(tmp_path, recipe_env):
     assert (output_dir / "final_model" / "model.safetensors").exists()
     assert (output_dir / "final_model" / "tokenizer.json").exists()
 
+    # The saved model loads back through --model (from_pretrained + its tokenizer) for a LoRA run.
+    lora_dir = tmp_path / "lora"
+    run_recipe(
+        [sys.executable, str(RECIPES / "finetune_llama.py"), "--model", str(output_dir / "final_model"), "--lora",
+         "--attn", "sdpa", "--gradient-checkpointing", "--max-steps", "1", "--save-every", "0",
+         "--output-dir", str(lora_dir), *TINY],
+        recipe_env,
+    )
+    lora_config = read_metrics(lora_dir)["config"]
+    assert lora_config["lora"] and 0 < lora_config["parameters_trained"] < lora_config["parameters_total"] / 10
+    assert lora_config["dropout"] == config["dropout"]  # kept from the checkpoint's config
+    assert (lora_dir / "final_model" / "adapter_model.safetensors").exists()
 
-def test_mistral_recipe_with_sliding_window(tmp_path, recipe_env):
+
+def test_mistral_recipe_with_sliding_window_padded(tmp_path, recipe_env):
+    """The Mistral recipe, padded batches this time (fa_amd's unpad -> varlen -> pad path)."""
     output_dir = tmp_path / "mistral"
     run_recipe(
         [sys.executable, str(RECIPES / "finetune_mistral.py"), "--max-steps", "2", "--output-dir", str(output_dir),
-         "--save-every", "0", *TINY],
+         "--save-every", "0", "--no-packing", *TINY],
         recipe_env,
     )
     metrics = read_metrics(output_dir)
     assert_trained(metrics, 2)
-    assert metrics["config"]["model_type"] == "mistral" and metrics["config"]["attn"] == "fa_amd"
+    config = metrics["config"]
+    assert config["model_type"] == "mistral" and config["attn"] == "fa_amd" and config["fused_rope"]
+    assert not config["packing"]
     saved = json.loads((output_dir / "final_model" / "config.json").read_text())
     assert saved["model_type"] == "mistral"
     assert saved["sliding_window"] == 32  # seq-len // 2, so the window really cuts attention
@@ -150,7 +170,8 @@ def test_resume_restores_step_optimizer_and_data_position(tmp_path, recipe_env):
         assert after["data_checksum"] == before["data_checksum"], before["step"]
         assert after["tokens"] == before["tokens"] and after["epoch"] == before["epoch"]
         # ... and the same losses and schedule (model, optimizer, scheduler, dropout RNG).
-        assert after["loss"] == pytest.approx(before["loss"], abs=1e-5), before["step"]
+        # (exact on CPU; GPU backward kernels may use atomics, so bf16 runs differ in the last bits)
+        assert after["loss"] == pytest.approx(before["loss"], abs=1e-5 if ON_CPU else 5e-3), before["step"]
         assert after["lr"] == pytest.approx(before["lr"], rel=1e-9)
 
     straight_optimizer = torch.load(straight / "checkpoints" / "step_0000004" / "optimizer.bin", weights_only=False)
@@ -158,8 +179,11 @@ def test_resume_restores_step_optimizer_and_data_position(tmp_path, recipe_env):
     assert straight_optimizer["state"].keys() == resumed_optimizer["state"].keys()
     for key, state in straight_optimizer["state"].items():
         assert float(resumed_optimizer["state"][key]["step"]) == float(state["step"]) == 4.0
-        torch.testing.assert_close(resumed_optimizer["state"][key]["exp_avg"], state["exp_avg"], atol=1e-6, rtol=1e-4)
-        torch.testing.assert_close(resumed_optimizer["state"][key]["exp_avg_sq"], state["exp_avg_sq"], atol=1e-9, rtol=1e-4)
+        if ON_CPU:
+            torch.testing.assert_close(resumed_optimizer["state"][key]["exp_avg"], state["exp_avg"],
+                                       atol=1e-6, rtol=1e-4)
+            torch.testing.assert_close(resumed_optimizer["state"][key]["exp_avg_sq"], state["exp_avg_sq"],
+                                       atol=1e-9, rtol=1e-4)
 
 
 def test_recipe_reports_missing_text_column(tmp_path, data_cache):
@@ -179,13 +203,14 @@ def test_bench_compare_loss_fa_amd_matches_sdpa(tmp_path, recipe_env):
     output_dir = tmp_path / "bench"
     _, output = run_recipe(
         [sys.executable, str(RECIPES / "bench_train.py"), "--compare-loss", "--attn", "fa_amd", "sdpa",
-         "--modes", "packed", "--steps", "2", "--output-dir", str(output_dir)],
+         "--modes", "packed", "--steps", "2", "--seq-lens", "64", "--batch-tokens", "128",
+         "--output-dir", str(output_dir), *TINY_MODEL],
         recipe_env,
     )
     report = json.loads((output_dir / "compare_loss.json").read_text())
     assert report["status"] == {"fa_amd/packed": "ok", "sdpa/packed": "ok"}, output[-3000:]
     gap = report["gaps"]["fa_amd/packed"]["max_abs_gap"]
-    tolerance = 1e-3 if not torch.cuda.is_available() else 5e-2
+    tolerance = 1e-3 if ON_CPU else 5e-2
     assert gap < tolerance, report["gaps"]
     assert (output_dir / "compare_loss.png").exists()
 
@@ -194,7 +219,8 @@ def test_bench_throughput_table(tmp_path, recipe_env):
     output_dir = tmp_path / "bench"
     _, output = run_recipe(
         [sys.executable, str(RECIPES / "bench_train.py"), "--attn", "eager", "--modes", "padded", "packed",
-         "--steps", "1", "--warmup-steps", "1", "--output-dir", str(output_dir)],
+         "--steps", "1", "--warmup-steps", "1", "--seq-lens", "64", "--batch-tokens", "128",
+         "--output-dir", str(output_dir), *TINY_MODEL],
         recipe_env,
     )
     report = json.loads((output_dir / "bench_train.json").read_text())

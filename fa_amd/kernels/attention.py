@@ -3,7 +3,8 @@
 fa_amd/ops.py wrap these).
 
 One kernel per direction serves dense and varlen (IS_VARLEN), MQA/GQA (query
-head h reads KV head h // GROUP), causal / sliding window / ALiBi / softcap /
+head h reads KV head h // GROUP; GROUP is a runtime int so GQA ratios share
+one compiled kernel), causal / sliding window / ALiBi / softcap /
 dropout.  Loops over key (or query) blocks are split in three ranges:
   [lo, full_lo)      boundary blocks of the left window edge  -> element mask
   [full_lo, full_hi) blocks every row sees completely          -> no mask
@@ -133,7 +134,7 @@ def attn_fwd_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -239,13 +240,14 @@ def bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                     start, end, cols, offs_m, offs_d, diag, q_len, k_len,
-                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, sm_scale,
                     seed, seed_offset, bh, keep_threshold, keep_scale,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-                    HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                    HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    ATOMIC_DQ: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
@@ -281,12 +283,21 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_
         if IS_SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ:
+            # non-deterministic fast path: dQ from the same dS tile, summed with
+            # fp32 atomics instead of a second pass that recomputes S and dP
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale
+            dq_ptrs = DQ_head + rows[:, None] * stride_dqm + offs_d[None, :]
+            if MASK:
+                tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV,
+    Q, K, V, DO, Lse, Delta, DK, DV, DQ,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
@@ -294,14 +305,15 @@ def attn_bwd_dkdv_kernel(
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
+    stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     hk = tl.program_id(1)
@@ -343,25 +355,26 @@ def attn_bwd_dkdv_kernel(
         DO_head = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
         Lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
         if HAS_RIGHT:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                      lo, full_lo, cols, offs_m, offs_d, diag, q_len, k_len,
                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                     seed, seed_offset, bh, keep_threshold, keep_scale,
+                                     sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                      HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                     HAS_DROPOUT, INPUT_PRECISION)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                                     HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                 seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                 HAS_DROPOUT, INPUT_PRECISION)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, stride_qm, stride_dom,
+                                 HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                 seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                 HAS_DROPOUT, INPUT_PRECISION)
+                                 HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
     dk = dk * sm_scale
     tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
              + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -418,7 +431,7 @@ def attn_bwd_dq_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -498,7 +511,7 @@ def attn_probs_kernel(
     stride_pb, stride_ph, stride_pm,
     Alibi, stride_ab, SeedState, keep_threshold,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -668,8 +681,13 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state):
-    """Returns (dq, dk, dv) with the shapes of q, k, v."""
+                       dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                       deterministic=True):
+    """Returns (dq, dk, dv) with the shapes of q, k, v.
+
+    deterministic=True: dQ in its own kernel (no atomics, bitwise reproducible).
+    deterministic=False: dQ accumulated with fp32 atomics inside the dK/dV
+    kernel, which saves recomputing S and dP (flash-attn's default trade)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     dq = _new_output(q, q.shape)
     dk = _new_output(k, k.shape)
@@ -685,7 +703,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = _new_output(lse, lse.shape)
-    common_constexpr = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+    common_args = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
         bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), hq, batch)](
@@ -695,20 +713,25 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         )
     strides_in = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
                   *_row_strides(dout, varlen))
+    atomic_dq = not deterministic and max_seqlen_q > 0
+    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
     if max_seqlen_k > 0:
-        cfg = cfgs["dkdv"]
+        cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
         attn_bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, cfg["BLOCK_N"]), hk, batch)](
-            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, seqlen_q, seqlen_k,
-            *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_lse_strides(lse, varlen),
-            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_constexpr,
+            q, k, v, dout, lse, delta, dk, dv, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_row_strides(dq_accum, varlen),
+            *_lse_strides(lse, varlen),
+            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args, ATOMIC_DQ=atomic_dq,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
         )
-    if max_seqlen_q > 0:
+    if atomic_dq:
+        dq.copy_(dq_accum)
+    elif max_seqlen_q > 0:
         cfg = cfgs["dq"]
         attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), hq, batch)](
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen),
-            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_constexpr,
+            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
         )
     return dq, dk, dv

@@ -7,7 +7,7 @@ from typing import Dict
 from ..arch import Arch
 from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, TABLES
 
-KERNELS = ("fwd", "dkdv", "dq")
+KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
 
 
 def family_of(arch: Arch) -> str:
@@ -31,13 +31,14 @@ def _overrides():
 
 
 def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False) -> Dict:
-    """Launch dict for `kernel` ("fwd" | "dkdv" | "dq"): tile sizes + launch options."""
+    """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     family = family_of(arch)
     rows = _overrides().get(family) or TABLES[family]
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
-    cfg = dict(row[kernel])
+    # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
+    cfg = dict(row.get(kernel) or row["dkdv"])
     fp32 = cfg.pop("fp32", None)
     if is_fp32 and fp32:
         cfg.update(fp32)
@@ -53,4 +54,4 @@ def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> D
 
 
 def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> Dict[str, Dict]:
-    return {k: get_config(arch, k, head_dim_padded, is_fp32) for k in ("dkdv", "dq")}
+    return {k: get_config(arch, k, head_dim_padded, is_fp32) for k in ("dkdv", "dq", "dkdv_atomic")}

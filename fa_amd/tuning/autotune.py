@@ -1,11 +1,40 @@
-"""Tuned tables on disk (opt-in).  Placeholder reader: returns {} until a tuned
-table exists; `fa-amd tune` writes one."""
+"""Tuned launch tables on disk, and the tuner that writes them (opt-in).
+
+The file at `tuned_table_path()` holds, per arch family, rows with the same
+structure as tables.py ({"head_dim", "fwd", "dkdv", "dq"}) plus a "tuned" note
+(device, triton version, timings).  `load_tuned_table()` returns every family
+present there with its tuned rows merged over the default rows, so a family
+tuned only for head dim 128 still gets the default 64 and 256 rows.
+
+Who tunes:
+  * `fa-amd tune --head-dims 64 128 256` -- explicit, on the current GPU;
+  * with FA_AMD_AUTOTUNE=1, `ensure_tuned(arch, head_dim_padded)` tunes a head-dim
+    class the first time it is used (warning once, a few minutes) and persists it.
+
+Each candidate is timed with triton.testing.do_bench and must reproduce the
+default config's output; a candidate that fails to compile or launch (e.g.
+OutOfResources) or disagrees is skipped, so no tuning error reaches the caller.
+"""
 from __future__ import annotations
 
+import copy
+import datetime
 import functools
 import json
 import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
 from pathlib import Path
+from typing import Dict, List, Optional
+
+from .tables import HIP_ONLY_OPTIONS, TABLES
+
+AUTOTUNE_ENV = "FA_AMD_AUTOTUNE"
+FILE_FORMAT = 1
+ROW_KERNELS = ("fwd", "dkdv", "dq")
 
 
 def tuned_table_path() -> Path:
@@ -13,10 +42,318 @@ def tuned_table_path() -> Path:
     return Path(root) / "tuned_table.json"
 
 
-@functools.lru_cache(maxsize=None)
-def load_tuned_table() -> dict:
-    path = tuned_table_path()
+def autotune_enabled() -> bool:
+    return os.environ.get(AUTOTUNE_ENV, "0") not in ("", "0", "false", "False")
+
+
+# --------------------------------------------------------------------------- reading / writing
+
+# While the tuner times a candidate it installs that candidate here, so the
+# ordinary launchers (and get_config) run it unchanged.
+_candidate_override: Optional[Dict[str, list]] = None
+
+
+def _valid_launch(cfg) -> bool:
+    return (isinstance(cfg, dict) and isinstance(cfg.get("BLOCK_M"), int) and isinstance(cfg.get("BLOCK_N"), int)
+            and all(isinstance(v, (int, dict)) for v in cfg.values()))
+
+
+def _valid_row(row) -> bool:
+    return (isinstance(row, dict) and isinstance(row.get("head_dim"), int)
+            and all(_valid_launch(row.get(k)) for k in ROW_KERNELS))
+
+
+def _read_file(path: Path) -> Dict[str, List[dict]]:
+    """{family: [tuned rows]} from disk; a missing file is empty, a broken one is ignored with a warning."""
     if not path.exists():
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        families = data["families"] if "families" in data else data
+        good = {fam: [r for r in rows if _valid_row(r)] for fam, rows in families.items() if isinstance(rows, list)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"fa_amd: ignoring unreadable tuned table {path} ({exc}); using default configs")
+        return {}
+    return {fam: rows for fam, rows in good.items() if rows}
+
+
+def merge_rows(default_rows: List[dict], tuned_rows: List[dict]) -> List[dict]:
+    """Default rows with each tuned row replacing the default row of its head_dim, sorted by head_dim."""
+    by_dim = {r["head_dim"]: r for r in default_rows}
+    by_dim.update({r["head_dim"]: r for r in tuned_rows})
+    return [by_dim[d] for d in sorted(by_dim)]
+
+
+@functools.lru_cache(maxsize=None)
+def _load_from_disk(path: str) -> Dict[str, List[dict]]:
+    tuned = _read_file(Path(path))
+    return {fam: merge_rows(TABLES.get(fam, []), rows) for fam, rows in tuned.items()}
+
+
+def load_tuned_table() -> dict:
+    """{family: rows} for every family with tuned rows on disk (merged over the defaults)."""
+    if _candidate_override is not None:
+        return _candidate_override
+    return _load_from_disk(str(tuned_table_path()))
+
+
+def invalidate_cache():
+    _load_from_disk.cache_clear()
+
+
+def save_tuned_rows(family: str, rows: List[dict], path: Optional[Path] = None) -> Path:
+    """Merge `rows` into the family's entry on disk (atomic replace) and drop the read cache."""
+    path = Path(path) if path is not None else tuned_table_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = _read_file(path)
+    existing[family] = merge_rows(existing.get(family, []), rows)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuned_table.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"format": FILE_FORMAT, "families": existing}, f, indent=1)
+    os.replace(tmp, path)  # readers in other processes see the old or the new file, never half of one
+    invalidate_cache()
+    return path
+
+
+# --------------------------------------------------------------------------- candidates
+
+def _strip_for(arch, cfg: Dict) -> Dict:
+    cfg = {k: v for k, v in cfg.items() if k != "fp32"}
+    if arch.backend != "hip":
+        for key in HIP_ONLY_OPTIONS:
+            cfg.pop(key, None)
+    elif not arch.name.startswith("gfx94"):
+        cfg.pop("kpack", None)  # kpack only means something on CDNA3 (gfx942)
+    if arch.backend == "hip" and arch.name.startswith("gfx1"):
+        cfg.pop("matrix_instr_nonkdim", None)  # RDNA has WMMA, no MFMA shapes
+        cfg.pop("kpack", None)
+    return cfg
+
+
+def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[Dict]:
+    """A small per-arch list of launch dicts around the default one (default first)."""
+    if kernel == "fwd":
+        tiles = [(128, 64), (128, 32), (64, 64), (64, 32), (128, 128)]
+    elif kernel == "dkdv":
+        tiles = [(32, 128), (32, 64), (16, 64), (64, 64), (16, 128)]
+    else:
+        tiles = [(128, 32), (64, 32), (64, 16), (64, 64), (128, 64)]
+    if head_dim_padded >= 256:  # twice the registers per row: drop the largest tiles
+        tiles = [(m, n) for m, n in tiles if m * n <= 64 * 64]
+    warps = (4, 8)
+    if arch.backend == "hip":
+        stages = (1, 2)
+        extra = [{"waves_per_eu": w} for w in (1, 2)]
+        if not arch.name.startswith("gfx1"):
+            extra = [dict(e, matrix_instr_nonkdim=16) for e in extra] + [{"waves_per_eu": 1, "matrix_instr_nonkdim": 32}]
+        if arch.name.startswith("gfx94"):
+            extra = [dict(e, kpack=2) for e in extra]
+    else:
+        stages = (2, 3)
+        extra = [{}]
+    out = [_strip_for(arch, default)]
+
+    def add(cfg):
+        cfg = _strip_for(arch, cfg)
+        if cfg not in out:
+            out.append(cfg)
+
+    # most informative first (the list is capped): other tiles at the default's
+    # options, then other options at the default tile, then everything else
+    for bm, bn in tiles:
+        add(dict(default, BLOCK_M=bm, BLOCK_N=bn))
+    for nw in warps:
+        for ns in stages:
+            for e in extra:
+                add(dict(BLOCK_M=default["BLOCK_M"], BLOCK_N=default["BLOCK_N"], num_warps=nw, num_stages=ns, **e))
+    for bm, bn in tiles:
+        for nw in warps:
+            for ns in stages:
+                for e in extra:
+                    add(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **e))
+    return out[:1 + max_candidates()]
+
+
+def max_candidates() -> int:
+    return int(os.environ.get("FA_AMD_AUTOTUNE_MAX_CANDIDATES", "24"))
+
+
+# --------------------------------------------------------------------------- tuning
+
+def _close(got, ref, dtype) -> bool:
+    import torch
+
+    if got.shape != ref.shape or not torch.isfinite(got).all():
+        return False
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3  # tile order changes rounding, not results
+    scale = max(1.0, ref.float().abs().max().item())
+    return (got.float() - ref.float()).abs().max().item() <= tol * scale
+
+
+class _Problem:
+    """One benchmark problem: inputs plus the fwd / bwd calls through the ordinary launchers."""
+
+    def __init__(self, head_dim: int, seqlen: int, causal: bool, dtype, device, tokens: int = 16384,
+                 hidden: int = 2048):
+        import torch
+
+        self.batch = max(1, tokens // seqlen)
+        self.heads = max(1, hidden // head_dim)
+        self.causal = causal
+        self.scale = head_dim ** -0.5
+        gen = torch.Generator(device=device).manual_seed(0)
+        shape = (self.batch, seqlen, self.heads, head_dim)
+        self.q, self.k, self.v, self.do = (torch.randn(shape, generator=gen, device=device, dtype=dtype)
+                                           for _ in range(4))
+        self.seqlen = seqlen
+
+    def forward(self):
+        from ..kernels.attention import attention_forward
+
+        out, lse, _ = attention_forward(self.q, self.k, self.v, None, None, self.seqlen, self.seqlen, 0.0,
+                                        self.scale, -1, 0 if self.causal else -1, 0.0, None, None, False)
+        return out, lse
+
+    def backward(self, out, lse):
+        from ..kernels.attention import attention_backward
+
+        return attention_backward(self.do, self.q, self.k, self.v, out, lse, None, None, self.seqlen,
+                                  self.seqlen, 0.0, self.scale, -1, 0 if self.causal else -1, 0.0, None, None)
+
+
+def _time_candidate(fn, check, reps_ms: int) -> Optional[float]:
+    """Median ms of fn(), or None if it fails to compile/launch or its output disagrees."""
+    import triton
+
+    try:
+        if not check(fn()):
+            return None
+        return float(triton.testing.do_bench(fn, warmup=max(5, reps_ms // 4), rep=reps_ms, return_mode="median"))
+    except Exception:  # OutOfResources, compile errors, ...: the candidate is unusable here
+        return None
+
+
+def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool = False, dtype=None,
+                  rep_ms: int = 50, log=None) -> dict:
+    """Tune the (fwd, dkdv, dq) row for one head-dim class on the current GPU; returns the row."""
+    global _candidate_override
+    import torch
+    import triton
+
+    from . import family_of
+
+    log = log or (lambda msg: None)
+    family = family_of(arch)
+    default_rows = TABLES[family]
+    default_row = next((r for r in default_rows if r["head_dim"] >= head_dim_padded), default_rows[-1])
+    if dtype is None:
+        dtype = torch.float16 if arch.name == "gfx908" else torch.bfloat16
+    problem = _Problem(head_dim_padded, seqlen, causal, dtype, "cuda")
+    best = {"head_dim": head_dim_padded}
+    timings = {}
+
+    def install(row):
+        global _candidate_override
+        _candidate_override = {family: merge_rows(default_rows, [row])}
+
+    try:
+        base = {"head_dim": head_dim_padded, **{k: _strip_for(arch, default_row[k]) for k in ROW_KERNELS}}
+        install(base)
+        ref_out, ref_lse = problem.forward()
+        ref_grads = problem.backward(ref_out, ref_lse)
+        for kernel in ROW_KERNELS:
+            results = []
+            for cfg in candidates(arch, kernel, base[kernel], head_dim_padded):
+                row = dict(base, **{k: best[k] for k in best if k in ROW_KERNELS})
+                row[kernel] = cfg
+                install(row)
+                if kernel == "fwd":
+                    ms = _time_candidate(problem.forward, lambda r: _close(r[0], ref_out, dtype), rep_ms)
+                else:
+                    ms = _time_candidate(lambda: problem.backward(ref_out, ref_lse),
+                                         lambda g: all(_close(a, b, dtype) for a, b in zip(g, ref_grads)), rep_ms)
+                log(f"  {kernel} {cfg}: " + ("skipped (failed or wrong)" if ms is None else f"{ms:.3f} ms"))
+                if ms is not None:
+                    results.append((ms, cfg))
+            if not results:  # even the default failed here: keep it, the tables decide
+                best[kernel] = base[kernel]
+                continue
+            ms, cfg = min(results, key=lambda x: x[0])
+            best[kernel] = cfg
+            timings[kernel] = {"best_ms": round(ms, 4),
+                               "default_ms": round(next((m for m, c in results if c == base[kernel]), float("nan")), 4)}
+    finally:
+        _candidate_override = None
+    best["tuned"] = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
+                     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+                     "problem": {"seqlen": seqlen, "batch": problem.batch, "heads": problem.heads,
+                                 "causal": causal, "dtype": str(dtype).replace("torch.", "")},
+                     "timings_ms": timings}
+    return best
+
+
+# --------------------------------------------------------------------------- tune on first use
+
+_tuned_this_process = set()
+_tune_lock = threading.Lock()
+_warned = set()
+
+
+def _warn_once(key, msg):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+def ensure_tuned(arch, head_dim_padded: int) -> None:
+    """With FA_AMD_AUTOTUNE=1: tune this head-dim class on first use and persist it.
+
+    Cheap after the first call per (family, class).  Never raises: a failed
+    tuning run warns and leaves the default configs in place.
+    """
+    if not autotune_enabled() or arch.backend not in ("hip", "cuda") or _candidate_override is not None:
+        return
+    from . import family_of
+
+    family = family_of(arch)
+    rows = TABLES[family]
+    row_dim = next((r["head_dim"] for r in rows if r["head_dim"] >= head_dim_padded), rows[-1]["head_dim"])
+    key = (family, row_dim)
+    if key in _tuned_this_process:
+        return
+    with _tune_lock:
+        if key in _tuned_this_process:
+            return
+        tuned = _read_file(tuned_table_path()).get(family, [])
+        if any(r["head_dim"] == row_dim for r in tuned):
+            _tuned_this_process.add(key)
+            return
+        import torch
+
+        # a trace or a CUDA-graph capture must not launch benchmark kernels: use defaults for now
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)()
+        if compiling or torch.cuda.is_current_stream_capturing():
+            _warn_once(("busy",) + key, f"fa_amd: {AUTOTUNE_ENV}=1 but head_dim {row_dim} on {family} is untuned "
+                                        "and this call is being traced/captured; using default configs "
+                                        "(run `fa-amd tune` or one eager call first)")
+            return
+        _tuned_this_process.add(key)  # one attempt per process, even if it fails
+        path = tuned_table_path()
+        _warn_once(("tune",) + key, f"fa_amd: {AUTOTUNE_ENV}=1: tuning launch configs for head_dim class "
+                                    f"{row_dim} on {arch.name} (one time, about a minute or more); "
+                                    f"results go to {path}")
+        try:
+            start = time.perf_counter()
+            row = tune_head_dim(arch, row_dim, seqlen=2048)
+            save_tuned_rows(family, [row], path)
+            print(f"fa_amd: tuned head_dim {row_dim} on {arch.name} in {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+        except Exception as exc:
+            warnings.warn(f"fa_amd: tuning head_dim {row_dim} on {arch.name} failed ({type(exc).__name__}: "
+                          f"{exc}); using default configs")
+
+
+def tuned_copy() -> Dict[str, List[dict]]:
+    """Deep copy of what is on disk (for `fa-amd info`)."""
+    return copy.deepcopy(_read_file(tuned_table_path()))

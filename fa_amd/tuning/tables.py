@@ -57,17 +57,19 @@ TABLES = {
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
     ],
     # CDNA3 (MI300): 64-wide waves, 512 VGPRs incl. AGPRs, 64 KiB LDS.
+    # fwd rows use waves_per_eu=1 on every CDNA family: at 2 the register budget
+    # halves to 256 and the all-features fwd kernel spills (docs/AOT.md).
     "gfx942": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -84,14 +86,14 @@ TABLES = {
     "gfx950": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -108,14 +110,14 @@ TABLES = {
     "gfx90a": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -152,20 +154,24 @@ TABLES = {
          "dq": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
     ],
-    # RDNA3 (gfx1100): 32-wide waves, WMMA; no MFMA options.
+    # RDNA3 (gfx1100): 32-wide waves, WMMA; no MFMA options.  WMMA operands are
+    # replicated across lanes, so a 16-row slice of a d128 operand costs 64
+    # VGPRs: only small tiles with 8 warps fit 256 VGPRs, and the d128 backward
+    # and every d256 kernel still spill (aot.KNOWN_SCRATCH, docs/AOT.md).
+    # waves_per_eu=0 (no hint): the hint made the allocator spill more.
     "gfx1100": [
         {"head_dim": 64,
-         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
-         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
-         "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1}},
+         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
         {"head_dim": 128,
-         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
-         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
-         "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1}},
+         "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dq": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
         {"head_dim": 256,
-         "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
-         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
-         "dq": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1}},
+         "fwd": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
+         "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
     ],
 }
 

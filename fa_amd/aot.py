@@ -1,0 +1,500 @@
+"""Ahead-of-time compile check: build every kernel variant the default tables
+select, for AMD (and NVIDIA) targets, on any machine -- no GPU needed.
+
+Triton's compiler lowers to amdgcn / PTX on the CPU; the amdgcn text reports
+VGPRs, scratch (spills) and occupancy, the metadata the LDS bytes.  A table row
+whose kernel spills to scratch on an AMD target is a bug in tables.py (it runs,
+but slowly), so the check exits non-zero on any scratch and on compile errors.
+
+    fa-amd compile                       # the subset CI runs (heaviest variant per kernel)
+    fa-amd compile --full                # every row x dtype x variant
+    fa-amd compile --arch gfx942 --json out.json
+    python -m fa_amd.aot --full
+
+Compiles run in worker subprocesses (the kernels must be real @triton.jit
+functions, so the workers drop TRITON_INTERPRET, which tests set).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+# target name -> (backend, arch passed to GPUTarget, warp size)
+TARGETS = {
+    "gfx908": ("hip", "gfx908", 64),
+    "gfx90a": ("hip", "gfx90a", 64),
+    "gfx942": ("hip", "gfx942", 64),
+    "gfx950": ("hip", "gfx950", 64),
+    "gfx1100": ("hip", "gfx1100", 32),
+    "sm80": ("cuda", 80, 32),
+    "sm90": ("cuda", 90, 32),
+}
+KERNELS = ("fwd", "dkdv", "dq", "preprocess", "probs")
+DEFAULT_KERNELS = ("fwd", "dkdv", "dq", "preprocess")
+# (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
+HEAD_DIMS = (64, 80, 128, 256)
+DTYPES = ("fp16", "bf16")
+ALL_FLAGS = dict(IS_VARLEN=True, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True, HAS_DROPOUT=True)
+# feature-flag sets that move register pressure; "all" is the heaviest
+VARIANTS = {
+    "plain": dict(GROUP=1),
+    "causal": dict(GROUP=1, HAS_RIGHT=True),
+    "all": dict(GROUP=2, **ALL_FLAGS),
+}
+_KERNEL_FN = {
+    "fwd": "attn_fwd_kernel",
+    "dkdv": "attn_bwd_dkdv_kernel",
+    "dq": "attn_bwd_dq_kernel",
+    "preprocess": "bwd_preprocess_kernel",
+    "probs": "attn_probs_kernel",
+}
+# Spills that no table row avoids with the current kernel code, and why.
+# Listed here they print as "known spill" and do not fail the check; the test
+# fails once one of them stops spilling, so the list cannot go stale.
+# key: (target, kernel, table row head_dim)
+_RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves: the backward keeps two "
+              "d-wide operands (k, v or q, dO) resident, 2 x 64 VGPRs at d128 and 2 x 128 at d256, "
+              "of 256; needs a kernel change (reload per block), not a table row")
+KNOWN_SCRATCH: Dict[tuple, str] = {
+    ("gfx1100", "dkdv", 128): _RDNA_WMMA,
+    ("gfx1100", "dq", 128): _RDNA_WMMA,
+    ("gfx1100", "fwd", 256): _RDNA_WMMA,
+    ("gfx1100", "dkdv", 256): _RDNA_WMMA,
+    ("gfx1100", "dq", 256): _RDNA_WMMA,
+}
+
+# kernel -> the table entry whose launch config it uses
+_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "probs": "fwd", "preprocess": None}
+
+
+@dataclass
+class CompileJob:
+    target: str
+    kernel: str
+    head_dim: int
+    dtype: str
+    variant: str
+    # explicit launch dict (BLOCK_M/BLOCK_N + options) instead of the table's; for table searches
+    config: Optional[Dict] = None
+
+    @property
+    def name(self) -> str:
+        return f"d{self.head_dim}-{self.dtype}-{self.variant}"
+
+
+@dataclass
+class CompileResult:
+    target: str
+    kernel: str
+    variant: str
+    config: Dict = field(default_factory=dict)
+    seconds: float = 0.0
+    error: Optional[str] = None
+    lds_bytes: Optional[int] = None
+    # AMD
+    vgprs: Optional[int] = None
+    agprs: Optional[int] = None
+    scratch_bytes: Optional[int] = None
+    occupancy: Optional[int] = None
+    # CUDA
+    regs: Optional[int] = None
+    stack_bytes: Optional[int] = None
+
+    @property
+    def is_hip(self) -> bool:
+        return TARGETS[self.target][0] == "hip"
+
+    @property
+    def failed(self) -> bool:
+        """Compile error, or scratch (spilled registers) on an AMD target not in KNOWN_SCRATCH."""
+        return self.error is not None or (self.is_hip and bool(self.scratch_bytes) and not known_scratch(self))
+
+
+def known_scratch(r: "CompileResult") -> Optional[str]:
+    """The KNOWN_SCRATCH reason covering this result's (target, kernel, table row), if any."""
+    head_dim = int(r.variant.split("-")[0][1:])
+    return KNOWN_SCRATCH.get((r.target, r.kernel, _d_pad(head_dim)))
+
+
+# --------------------------------------------------------------------------- job lists
+
+def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
+    """Rough register-pressure score of a tile config (fp32 accumulators + score tile)."""
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if kernel == "dkdv":
+        return bn * (2 * d_pad + bm)
+    if kernel == "dq":
+        return bm * (d_pad + bn)
+    return bm * (d_pad + bn)
+
+
+def default_config(target: str, kernel: str, d_pad: int) -> Dict:
+    """Launch dict from the default tables (tuned overrides ignored) as the launcher would pass it."""
+    from .tuning.tables import HIP_ONLY_OPTIONS, TABLES
+
+    table_kernel = _TABLE_KERNEL[kernel]
+    if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
+        return {"BLOCK_M": 64 if d_pad <= 128 else 32}
+    rows = TABLES[target]
+    row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
+    cfg = {k: v for k, v in row[table_kernel].items() if k != "fp32"}
+    if TARGETS[target][0] != "hip":
+        for key in HIP_ONLY_OPTIONS:
+            cfg.pop(key, None)
+    return cfg
+
+
+def _d_pad(head_dim: int) -> int:
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def full_jobs(targets, kernels) -> List[CompileJob]:
+    return [CompileJob(t, k, d, dt, v)
+            for t in targets for k in kernels for d in HEAD_DIMS for dt in DTYPES
+            for v in (VARIANTS if k != "preprocess" else ("plain",))
+            if not (k == "preprocess" and d == 80)]
+
+
+def ci_jobs(targets, kernels) -> List[CompileJob]:
+    """Every (target, kernel) pair at its heaviest variant: all features on, the
+    table row with the largest register-pressure score that is expected to be
+    spill-free, bf16 (fp16 on gfx908); plus every KNOWN_SCRATCH row, so a fixed
+    one is noticed."""
+    jobs = []
+    for t in targets:
+        dtype = "fp16" if t == "gfx908" else "bf16"
+        for k in kernels:
+            if k == "preprocess":
+                jobs.append(CompileJob(t, k, 256, dtype, "plain"))
+                continue
+            rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH]
+            if rows:
+                heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d), d))
+                jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
+            jobs += [CompileJob(t, k, d, dtype, "all") for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH]
+    return jobs
+
+
+# --------------------------------------------------------------------------- compiling (worker side)
+
+_POINTER_DTYPE = {"Lse": "*fp32", "Delta": "*fp32", "Alibi": "*fp32", "SeedState": "*i64",
+                  "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+_IO_TENSORS = ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "Probs")
+_FLOAT_SCALARS = ("qk_scale_log2", "softcap_div", "softcap_log2", "keep_scale", "sm_scale")
+# pointers and these ints are multiples of 16 in every real launch (contiguous
+# heads of a padded-to-16 head dim), and Triton specializes on that at run time,
+# so the AOT build gets the same hint to produce the same (vectorized) code
+_NOT_DIVISIBLE = ("stride_ab", "win_left", "win_right", "keep_threshold", "GROUP")
+
+
+def _signature(fn, constexprs: Dict, dtype: str):
+    sig, attrs = {}, {}
+    known = set(_POINTER_DTYPE) | set(_IO_TENSORS) | set(_FLOAT_SCALARS)
+    unknown = [n for n in fn.arg_names if n[0].isupper() and n not in known and n not in constexprs
+               and n != "GROUP"]
+    if unknown:  # a new pointer argument: say so instead of guessing its type
+        raise ValueError(f"{fn.__name__}: unknown tensor arguments {unknown}; add them to fa_amd/aot.py")
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        if name in _POINTER_DTYPE:
+            sig[name] = _POINTER_DTYPE[name]
+        elif name in _IO_TENSORS:
+            sig[name] = "*" + dtype
+        elif name in _FLOAT_SCALARS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+        if sig[name].startswith("*") or (sig[name] == "i32" and name not in _NOT_DIVISIBLE):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
+    """Values of the kernel's constexpr parameters for this job, plus runtime ints
+    equal to 1 (Triton specializes those at launch, so the AOT build does too)."""
+    values = dict(HEAD_DIM=job.head_dim, D_PAD=_d_pad(job.head_dim), INPUT_PRECISION="ieee",
+                  IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
+                  HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"))
+    values.update(VARIANTS[job.variant])
+    constexprs = {}
+    for p in fn.params:
+        if p.name not in values:
+            continue
+        if p.is_constexpr or values[p.name] == 1:
+            constexprs[p.name] = values[p.name]
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")
+    return constexprs
+
+
+def _cuobjdump_path() -> Optional[str]:
+    import triton
+
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
+
+
+def _amd_stat(text: str, key: str) -> Optional[int]:
+    m = re.search(rf";\s*{key}:\s*(\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def compile_one(job: CompileJob) -> CompileResult:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .kernels import attention
+
+    backend, arch, warp = TARGETS[job.target]
+    cfg = job.config or default_config(job.target, job.kernel, _d_pad(job.head_dim))
+    result = CompileResult(job.target, job.kernel, job.name, config=cfg)
+    fn = getattr(attention, _KERNEL_FN[job.kernel])
+    constexprs = _job_constexprs(job, fn, cfg)
+    sig, attrs = _signature(fn, constexprs, job.dtype)
+    options = {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+    start = time.perf_counter()
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                        attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
+    except Exception as exc:  # report every failure, keep compiling the rest
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        result.seconds = time.perf_counter() - start
+        return result
+    result.seconds = time.perf_counter() - start
+    result.lds_bytes = int(getattr(compiled.metadata, "shared", 0) or 0)
+    if backend == "hip":
+        text = compiled.asm["amdgcn"]
+        result.vgprs = _amd_stat(text, "NumVgprs")
+        result.agprs = _amd_stat(text, "NumAgprs")
+        result.scratch_bytes = _amd_stat(text, "ScratchSize")
+        result.occupancy = _amd_stat(text, "Occupancy")
+    else:
+        result.regs, result.stack_bytes = _cuda_usage(compiled)
+    return result
+
+
+def _cuda_usage(compiled):
+    """(registers, stack bytes) from the cubin via cuobjdump; ptxas spills land on the stack."""
+    n_regs = getattr(compiled.metadata, "n_regs", None)  # only set once loaded on a GPU
+    tool = _cuobjdump_path()
+    if tool is None or "cubin" not in compiled.asm:
+        return n_regs, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    return (int(regs.group(1)) if regs else n_regs), (int(stack.group(1)) if stack else None)
+
+
+def _worker_main():
+    """Reads one JSON job per stdin line, answers one JSON result per stdout line."""
+    warnings.simplefilter("ignore")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # compiler chatter must not corrupt the result stream
+    for line in sys.stdin:
+        job = CompileJob(**json.loads(line))
+        out.write(json.dumps(asdict(compile_one(job))) + "\n")
+        out.flush()
+
+
+# --------------------------------------------------------------------------- driving (parent side)
+
+def target_supported(target: str) -> Optional[str]:
+    """None if the installed triton knows the target, else the reason it does not."""
+    if target not in TARGETS:
+        return f"unknown target {target!r} (choose from {', '.join(TARGETS)})"
+    if target == "gfx950":
+        import triton
+
+        from .tuning.tables import TABLES
+
+        if "gfx950" not in TABLES:
+            return "no gfx950 row in tuning tables"
+        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+        if (major, minor) < (3, 3):
+            return f"triton {triton.__version__} predates gfx950 support (3.3+)"
+    return None
+
+
+def run_jobs(jobs: List[CompileJob], workers: int, progress=None, fresh_cache: bool = False) -> List[CompileResult]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default the launcher gets; silences a 3.9 warning
+    tmp_cache = None
+    if fresh_cache:
+        tmp_cache = tempfile.mkdtemp(prefix="fa_amd_aot_cache_")
+        env["TRITON_CACHE_DIR"] = tmp_cache
+    todo: "queue.Queue[int]" = queue.Queue()
+    for i in range(len(jobs)):
+        todo.put(i)
+    results: List[Optional[CompileResult]] = [None] * len(jobs)
+    lock = threading.Lock()
+
+    def drive():
+        proc = subprocess.Popen([sys.executable, "-m", "fa_amd.aot", "--_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                proc.stdin.write(json.dumps(asdict(jobs[i])) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                if not line:  # worker died (e.g. compiler segfault): report and restart it
+                    job = jobs[i]
+                    results[i] = CompileResult(job.target, job.kernel, job.name,
+                                               error=f"compiler process died (exit {proc.wait()})")
+                    proc = subprocess.Popen(proc.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True, env=env)
+                else:
+                    results[i] = CompileResult(**json.loads(line))
+                if progress:
+                    with lock:
+                        progress(results[i])
+        finally:
+            proc.stdin.close()
+            proc.wait()
+
+    threads = [threading.Thread(target=drive, daemon=True) for _ in range(max(1, min(workers, len(jobs))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if tmp_cache:
+        shutil.rmtree(tmp_cache, ignore_errors=True)
+    return [r for r in results if r is not None]
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def format_tables(results: List[CompileResult]) -> str:
+    """One markdown table per kernel."""
+    lines = []
+    for kernel in KERNELS:
+        rows = [r for r in results if r.kernel == kernel]
+        if not rows:
+            continue
+        lines += [f"\n### {kernel}\n",
+                  "| target | variant | tiles (M x N, warps, stages) | VGPRs (AMD) / regs (CUDA) | AGPRs "
+                  "| LDS / shared B | scratch / stack B | occupancy | compile s | status |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (list(TARGETS).index(r.target), r.variant)):
+            c = r.config
+            tiles = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
+            if "waves_per_eu" in c:
+                tiles += f", wpe{c['waves_per_eu']}"
+            if r.error:
+                status = "ERROR: " + r.error
+            elif r.failed:
+                status = "SPILLS"
+            elif r.is_hip and r.scratch_bytes:
+                status = "known spill"
+            else:
+                status = "ok"
+            lines.append(f"| {r.target} | {r.variant} | {tiles} | {_fmt(r.vgprs if r.is_hip else r.regs)} "
+                         f"| {_fmt(r.agprs)} | {_fmt(r.lds_bytes)} "
+                         f"| {_fmt(r.scratch_bytes if r.is_hip else r.stack_bytes)} | {_fmt(r.occupancy)} "
+                         f"| {r.seconds:.1f} | {status} |")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--arch", nargs="+", default=None, metavar="TARGET",
+                        help=f"targets to build (default: all of {' '.join(TARGETS)})")
+    parser.add_argument("--kernels", nargs="+", default=None, choices=KERNELS,
+                        help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
+    parser.add_argument("--full", action="store_true",
+                        help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
+    parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
+    parser.add_argument("--fresh-cache", action="store_true",
+                        help="compile into an empty Triton cache (honest timings)")
+
+
+def run_cli(args) -> int:
+    targets = args.arch or list(TARGETS)
+    for t in targets:
+        if t not in TARGETS:
+            print(f"error: unknown target {t!r}; choose from {', '.join(TARGETS)}", file=sys.stderr)
+            return 2
+    usable = []
+    for t in targets:
+        reason = target_supported(t)
+        if reason:
+            print(f"note: skipping {t}: {reason}")
+        else:
+            usable.append(t)
+    kernels = args.kernels or (KERNELS if args.full else DEFAULT_KERNELS)
+    jobs = full_jobs(usable, kernels) if args.full else ci_jobs(usable, kernels)
+    # slowest first (large tiles, RDNA) so the parallel tail is short
+    jobs.sort(key=lambda j: (j.kernel == "preprocess", j.target != "gfx1100", -j.head_dim))
+    print(f"compiling {len(jobs)} kernel variants for {', '.join(usable)} with {args.jobs} processes ...",
+          flush=True)
+    start = time.perf_counter()
+    done = [0]
+
+    def progress(r: CompileResult):
+        done[0] += 1
+        if r.failed:
+            what = r.error or f"scratch {r.scratch_bytes} B"
+            print(f"  [{done[0]}/{len(jobs)}] {r.target} {r.kernel} {r.variant}: {what}", flush=True)
+
+    results = run_jobs(jobs, args.jobs, progress, fresh_cache=args.fresh_cache)
+    wall = time.perf_counter() - start
+    print(format_tables(results))
+    failed = [r for r in results if r.failed]
+    cpu = sum(r.seconds for r in results)
+    print(f"\n{len(results)} variants compiled in {wall:.0f} s wall ({cpu:.0f} s compiler time, "
+          f"{args.jobs} processes); {len(failed)} failed")
+    cuda_stack = [r for r in results if not r.is_hip and r.stack_bytes]
+    if cuda_stack:
+        print(f"note: {len(cuda_stack)} CUDA variants use stack (ptxas spills); reported, not fatal")
+    if args.json:
+        import triton
+
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "wall_seconds": wall, "targets": usable,
+                       "results": [asdict(r) for r in results]}, f, indent=1)
+    for r in failed:
+        print(f"FAIL {r.target} {r.kernel} {r.variant}: {r.error or f'scratch {r.scratch_bytes} B'}",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--_worker"]:
+        _worker_main()
+        return 0
+    parser = argparse.ArgumentParser(prog="fa-amd compile", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""Attention benchmark: fa_amd vs the peers available in this process.
+
+    fa-amd bench                         # full sweep (GPU)
+    fa-amd bench --quick --out bench_out
+    fa-amd bench --from-json bench_out/results.json --markdown docs/PERFORMANCE.md
+    TRITON_INTERPRET=1 fa-amd bench --smoke     # tiny CPU run (CI)
+
+Shapes: head dim 64/128/256, causal and not, seqlen 512..16k holding
+batch*seqlen = 16k tokens and nheads*headdim = 2048; GQA rows (16 q / 4 kv
+heads, d128); varlen rows (16k tokens packed from 17 documents, causal, d128).
+FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
+forward+backward = 3.5x forward.  Each method is timed with
+triton.testing.do_bench (median) after a warm-up, on random inputs.  Peak
+memory is that of one forward+backward, beside plain PyTorch ("eager").
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+TOKENS = 16384
+HIDDEN = 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128, 256)
+# 17 documents, 64..2048 tokens each, 16384 in total (a packed pre-training batch)
+VARLEN_DOCS = (64, 2048, 512, 1536, 128, 2048, 768, 256, 2048, 1024, 96, 1408, 160, 2048, 352, 1024, 864)
+assert sum(VARLEN_DOCS) == TOKENS and len(VARLEN_DOCS) == 17
+# eager attention materializes (b, h, sq, sk) scores several times over (scores,
+# probs, their grads); past this it is skipped, not run out of memory
+EAGER_MAX_BYTES = 12 << 30
+METHODS = ("fa_amd", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flash_attn", "eager")
+
+
+@dataclass
+class Shape:
+    batch: int
+    seqlen: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+    doc_lens: Optional[List[int]] = None  # varlen: packed documents (batch is 1)
+
+    @property
+    def kind(self) -> str:
+        return "varlen" if self.doc_lens else ("gqa" if self.heads_q != self.heads_kv else "dense")
+
+    @property
+    def label(self) -> str:
+        c = "causal" if self.causal else "full"
+        if self.doc_lens:
+            return f"varlen {len(self.doc_lens)} docs, {sum(self.doc_lens)} tok, h{self.heads_q}, d{self.head_dim}, {c}"
+        heads = f"h{self.heads_q}" + (f"/kv{self.heads_kv}" if self.heads_kv != self.heads_q else "")
+        return f"b{self.batch} s{self.seqlen} {heads} d{self.head_dim} {c}"
+
+    def fwd_flops(self) -> float:
+        lens = self.doc_lens or [self.seqlen] * self.batch
+        pairs = sum(n * n for n in lens)
+        flops = 4.0 * pairs * self.heads_q * self.head_dim
+        return flops / 2 if self.causal else flops
+
+
+@dataclass
+class Result:
+    shape: Dict
+    label: str
+    kind: str
+    method: str
+    mode: str  # "fwd" | "fwd+bwd"
+    ms: Optional[float] = None
+    tflops: Optional[float] = None
+    peak_mib: Optional[float] = None  # fwd+bwd only
+    note: str = ""
+
+
+def shapes(quick: bool = False, smoke: bool = False) -> List[Shape]:
+    if smoke:
+        return [Shape(1, 64, 2, 2, 32, False), Shape(1, 64, 2, 1, 32, True),
+                Shape(1, 96, 2, 2, 32, True, doc_lens=[16, 48, 32])]
+    dims, seqlens = ((128,), (1024, 4096)) if quick else (HEAD_DIMS, SEQLENS)
+    out = [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal)
+           for d in dims for causal in (False, True) for s in seqlens]
+    gqa_seqlens = (4096,) if quick else (2048, 8192)
+    out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
+    out.append(Shape(1, max(VARLEN_DOCS), 16, 16, 128, True, doc_lens=list(VARLEN_DOCS)))
+    return out
+
+
+# --------------------------------------------------------------------------- methods
+# Each maker returns (fn(q, k, v) -> out, layout) or raises Unavailable(reason).
+# layout "bshd" = (batch, seq, heads, dim) like flash-attn, "bhsd" like SDPA;
+# varlen inputs are (total_tokens, heads, dim) for "thd" and (1, heads, total, dim) for flex.
+
+class Unavailable(Exception):
+    pass
+
+
+def _is_rocm() -> bool:
+    return torch.version.hip is not None
+
+
+def _cu_seqlens(shape: Shape, device):
+    lens = torch.tensor([0] + list(shape.doc_lens), device=device, dtype=torch.int32)
+    return lens.cumsum(0, dtype=torch.int32)
+
+
+def make_fa_amd(shape: Shape, device):
+    import fa_amd
+
+    if shape.doc_lens:
+        cu = _cu_seqlens(shape, device)
+        m = max(shape.doc_lens)
+        return (lambda q, k, v: fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=shape.causal)), "thd"
+    return (lambda q, k, v: fa_amd.flash_attn_func(q, k, v, causal=shape.causal)), "bshd"
+
+
+def make_flash_attn(shape: Shape, device):
+    try:
+        import flash_attn
+    except Exception as exc:
+        raise Unavailable(f"flash_attn not importable ({type(exc).__name__})")
+    if shape.doc_lens:
+        cu = _cu_seqlens(shape, device)
+        m = max(shape.doc_lens)
+        return (lambda q, k, v: flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=shape.causal)), "thd"
+    return (lambda q, k, v: flash_attn.flash_attn_func(q, k, v, causal=shape.causal)), "bshd"
+
+
+def _sdpa_maker(backend_name: str):
+    def make(shape: Shape, device):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+
+        if shape.doc_lens:
+            raise Unavailable("SDPA has no varlen entry point (would need padding)")
+        if backend_name == "CUDNN_ATTENTION" and _is_rocm():
+            raise Unavailable("cuDNN backend is NVIDIA-only")
+        backend = getattr(SDPBackend, backend_name, None)
+        if backend is None:
+            raise Unavailable(f"this torch has no SDPBackend.{backend_name}")
+        gqa = shape.heads_q != shape.heads_kv
+
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                if gqa:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal)
+
+        return fn, "bhsd"
+
+    return make
+
+
+def make_flex(shape: Shape, device):
+    if device == "cpu":
+        raise Unavailable("FlexAttention compile skipped on CPU")
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except Exception as exc:
+        raise Unavailable(f"no FlexAttention in torch {torch.__version__} ({type(exc).__name__})")
+    # a fresh compile per shape: otherwise dynamo recompiles into a dynamic-shape
+    # graph (or hits the recompile limit and falls back to the eager path)
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention)
+    if shape.doc_lens:
+        doc_id = torch.repeat_interleave(torch.arange(len(shape.doc_lens), device=device),
+                                         torch.tensor(shape.doc_lens, device=device))
+        causal = shape.causal
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            same = doc_id[q_idx] == doc_id[kv_idx]
+            return (same & (q_idx >= kv_idx)) if causal else same
+
+        total = sum(shape.doc_lens)
+        block_mask = create_block_mask(mask_mod, 1, None, total, total, device=device)
+    elif shape.causal:
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None,
+                                       shape.seqlen, shape.seqlen, device=device)
+    else:
+        block_mask = None
+    gqa = shape.heads_q != shape.heads_kv
+    return (lambda q, k, v: compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)), "bhsd"
+
+
+def eager_attention(q, k, v, causal: bool):
+    """Plain PyTorch attention in the inputs' dtype; (b, h, s, d) layout."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = q.shape[-2]
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+def make_eager(shape: Shape, device):
+    if shape.doc_lens:
+        raise Unavailable("eager varlen not benchmarked (a per-document loop is not a fair baseline)")
+    score_bytes = shape.batch * shape.heads_q * shape.seqlen ** 2 * 4
+    if device != "cpu" and 4 * score_bytes > EAGER_MAX_BYTES:
+        raise Unavailable(f"skipped: needs ~{4 * score_bytes / 2**30:.0f} GiB for scores and their grads")
+    return (lambda q, k, v: eager_attention(q, k, v, shape.causal)), "bhsd"
+
+
+MAKERS: Dict[str, Callable] = {
+    "fa_amd": make_fa_amd,
+    "sdpa_flash": _sdpa_maker("FLASH_ATTENTION"),
+    "sdpa_efficient": _sdpa_maker("EFFICIENT_ATTENTION"),
+    "sdpa_cudnn": _sdpa_maker("CUDNN_ATTENTION"),
+    "flex": make_flex,
+    "flash_attn": make_flash_attn,
+    "eager": make_eager,
+}
+
+
+# --------------------------------------------------------------------------- timing
+
+def make_inputs(shape: Shape, layout: str, dtype, device, seed: int = 0):
+    """Random (non-zero) q, k, v, dout in the method's layout, with requires_grad."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    if shape.doc_lens:
+        total = sum(shape.doc_lens)
+        dims = {"thd": [(total, shape.heads_q, shape.head_dim), (total, shape.heads_kv, shape.head_dim)],
+                "bhsd": [(1, shape.heads_q, total, shape.head_dim), (1, shape.heads_kv, total, shape.head_dim)]}[layout]
+    elif layout == "bshd":
+        dims = [(shape.batch, shape.seqlen, shape.heads_q, shape.head_dim),
+                (shape.batch, shape.seqlen, shape.heads_kv, shape.head_dim)]
+    else:
+        dims = [(shape.batch, shape.heads_q, shape.seqlen, shape.head_dim),
+                (shape.batch, shape.heads_kv, shape.seqlen, shape.head_dim)]
+    q_shape, kv_shape = dims
+
+    def rnd(s):
+        return torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype).requires_grad_(True)
+
+    q, k, v = rnd(q_shape), rnd(kv_shape), rnd(kv_shape)
+    dout = torch.randn(q_shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    return q, k, v, dout
+
+
+def time_ms(fn, grad_to_none=None, smoke: bool = False) -> float:
+    """Median milliseconds: triton.testing.do_bench on a GPU, a few wall-clock reps on CPU."""
+    if smoke or not torch.cuda.is_available():
+        fn()
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[len(times) // 2]
+    import triton
+
+    fn()  # warm-up (compiles)
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+
+
+def peak_memory_mib(fn) -> Optional[float]:
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def bench_method(method: str, shape: Shape, dtype, device, smoke: bool) -> List[Result]:
+    base = dict(shape=asdict(shape), label=shape.label, kind=shape.kind, method=method)
+    try:
+        fn, layout = MAKERS[method](shape, device)
+    except Unavailable as exc:
+        return [Result(**base, mode=m, note=f"n/a: {exc}") for m in ("fwd", "fwd+bwd")]
+    q, k, v, dout = make_inputs(shape, layout, dtype, device)
+    results = []
+    flops = shape.fwd_flops()
+
+    def fwd():
+        with torch.no_grad():
+            return fn(q, k, v)
+
+    def fwd_bwd():
+        out = fn(q, k, v)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(dout)
+
+    for mode, call, mult in (("fwd", fwd, 1.0), ("fwd+bwd", fwd_bwd, 3.5)):
+        try:
+            ms = time_ms(call, grad_to_none=[q, k, v], smoke=smoke)
+            peak = peak_memory_mib(fwd_bwd) if mode == "fwd+bwd" else None
+            results.append(Result(**base, mode=mode, ms=ms, tflops=mult * flops / (ms * 1e-3) / 1e12, peak_mib=peak))
+        except Exception as exc:  # a peer that cannot run this shape: report, keep going
+            reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            results.append(Result(**base, mode=mode, note=f"n/a: {type(exc).__name__}: {reason}"))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    del q, k, v, dout
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def environment(device) -> Dict:
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "interpreter": os.environ.get("TRITON_INTERPRET", "0") == "1"}
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["runtime"] = f"ROCm {torch.version.hip}" if _is_rocm() else f"CUDA {torch.version.cuda}"
+    else:
+        env["gpu"] = "none (CPU, Triton interpreter)"
+    from .arch import device_arch
+
+    arch = device_arch()
+    env["arch"] = arch.name
+    return env
+
+
+def run(methods, dtype, device, quick=False, smoke=False, log=print) -> List[Result]:
+    results = []
+    for shape in shapes(quick, smoke):
+        log(f"{shape.label}")
+        for method in methods:
+            for r in bench_method(method, shape, dtype, device, smoke):
+                results.append(r)
+                shown = f"{r.tflops:7.1f} TFLOP/s  {r.ms:8.3f} ms" if r.ms is not None else r.note
+                mem = f"  peak {r.peak_mib:.0f} MiB" if r.peak_mib is not None else ""
+                log(f"  {method:15s} {r.mode:8s} {shown}{mem}")
+    return results
+
+
+# --------------------------------------------------------------------------- reports
+
+def _cell(r: Optional[Result]) -> str:
+    if r is None:
+        return ""
+    if r.tflops is None:
+        return "n/a"
+    return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
+
+
+def markdown_tables(results: List[Result]) -> str:
+    methods = [m for m in METHODS if any(r.method == m for r in results)]
+    labels = list(dict.fromkeys(r.label for r in results))
+    idx = {(r.label, r.method, r.mode): r for r in results}
+    out = []
+    for mode in ("fwd", "fwd+bwd"):
+        out += [f"\n### {'Forward' if mode == 'fwd' else 'Forward + backward'} (TFLOP/s)\n",
+                "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+        for label in labels:
+            out.append(f"| {label} | " + " | ".join(_cell(idx.get((label, m, mode))) for m in methods) + " |")
+    # memory: fwd+bwd peak, relative to eager where eager ran
+    out += ["\n### Peak memory of one forward + backward (MiB; x = relative to eager)\n",
+            "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for label in labels:
+        eager = idx.get((label, "eager", "fwd+bwd"))
+        cells = []
+        for m in methods:
+            r = idx.get((label, m, "fwd+bwd"))
+            if r is None or r.peak_mib is None:
+                cells.append("n/a")
+            elif eager is not None and eager.peak_mib:
+                cells.append(f"{r.peak_mib:.0f} ({r.peak_mib / eager.peak_mib:.2f}x)")
+            else:
+                cells.append(f"{r.peak_mib:.0f}")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
+    if notes:
+        out += ["\nn/a reasons:\n"] + [f"- {n}" for n in notes]
+    return "\n".join(out)
+
+
+def markdown_doc(payload: Dict) -> str:
+    env = payload["environment"]
+    return "\n".join([
+        "# Performance", "",
+        f"Measured by `fa-amd bench` on **{env.get('gpu')}** ({env.get('arch')}, {env.get('runtime', '')}), "
+        f"torch {env['torch']}, triton {env['triton']}, dtype {payload['dtype']}, {env['date']}.", "",
+        f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN}; GQA rows use 16 query "
+        f"/ 4 KV heads at d128; the varlen row packs {len(VARLEN_DOCS)} documents of 64..2048 tokens "
+        f"({TOKENS} tokens, causal). FLOPs: forward 4*b*h*sq*sk*d, halved for causal, summed per document for "
+        "varlen; forward+backward counts 3.5x the forward. Times are triton.testing.do_bench medians. "
+        "Peers run in the same process: torch SDPA per backend, FlexAttention (torch.compile), flash_attn if "
+        "installed, and eager PyTorch (skipped where its score matrices would not fit).", "",
+        "Regenerate: `fa-amd bench --out bench_out --markdown docs/PERFORMANCE.md` (or "
+        "`fa-amd bench --from-json bench_out/results.json --markdown docs/PERFORMANCE.md`).",
+        markdown_tables([Result(**r) for r in payload["results"]]), ""])
+
+
+def plot(results: List[Result], path: str, title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dense = [r for r in results if r.kind == "dense" and r.tflops is not None]
+    panels = sorted({(r.shape["head_dim"], r.shape["causal"]) for r in dense})
+    if not panels:
+        return False
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 6.5), squeeze=False)
+    for col, (d, causal) in enumerate(panels):
+        for row, mode in enumerate(("fwd", "fwd+bwd")):
+            ax = axes[row][col]
+            for method in METHODS:
+                pts = sorted((r.shape["seqlen"], r.tflops) for r in dense
+                             if r.method == method and r.mode == mode and r.shape["head_dim"] == d
+                             and r.shape["causal"] == causal)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{mode} d{d} {'causal' if causal else 'full'}", fontsize=9)
+            ax.set_xlabel("seqlen")
+            if col == 0:
+                ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--quick", action="store_true", help="a few rows (d128, two seqlens, one GQA, varlen)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes, fa_amd + eager + SDPA only, runs on CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None,
+                        help="methods to run (default: all; unavailable ones print n/a)")
+    parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here")
+    parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
+    parser.add_argument("--from-json", metavar="PATH", help="do not run; report a results.json from an earlier run")
+
+
+def run_cli(args) -> int:
+    if args.from_json:
+        try:
+            with open(args.from_json) as f:
+                payload = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu" and not args.smoke:
+            print("error: no GPU found; `fa-amd bench` needs one (use --smoke with TRITON_INTERPRET=1 on CPU)",
+                  file=sys.stderr)
+            return 2
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            print("error: on CPU set TRITON_INTERPRET=1 (fa_amd's kernels run through Triton's interpreter)",
+                  file=sys.stderr)
+            return 2
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+        methods = args.methods or (("fa_amd", "sdpa_flash", "eager") if args.smoke else METHODS)
+        env = environment(device)
+        print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
+              f"{args.dtype}")
+        start = time.perf_counter()
+        results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke)
+        payload = {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
+                   "results": [asdict(r) for r in results]}
+    results = [Result(**r) for r in payload["results"]]
+    print(markdown_tables(results))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(payload, f, indent=1)
+        with open(os.path.join(args.out, "bench.md"), "w") as f:
+            f.write(markdown_doc(payload))
+        try:
+            env = payload["environment"]
+            if plot(results, os.path.join(args.out, "bench.png"),
+                    f"{env.get('gpu')} {payload['dtype']} torch {env['torch']} triton {env['triton']}"):
+                print(f"plot: {os.path.join(args.out, 'bench.png')}")
+        except ImportError:
+            print("note: matplotlib not installed; no plot (pip install fa-amd[bench])")
+        print(f"results: {args.out}/results.json, {args.out}/bench.md")
+    if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        with open(args.markdown, "w") as f:
+            f.write(markdown_doc(payload))
+        print(f"wrote {args.markdown}")
+    fa_rows = [r for r in results if r.method == "fa_amd"]
+    if fa_rows and all(r.ms is None for r in fa_rows):
+        print("error: every fa_amd measurement failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fa-amd bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Bad input gets a clear ValueError/TypeError naming the argument, never a
+Triton compile error or a silently wrong result."""
+import pytest
+import torch
+
+import fa_amd
+
+from .helpers import cu_seqlens
+
+
+def _qkv(device, dtype=torch.float16, b=1, s=8, h=2, hk=2, d=32):
+    return (torch.randn(b, s, h, d, device=device, dtype=dtype), torch.randn(b, s, hk, d, device=device, dtype=dtype),
+            torch.randn(b, s, hk, d, device=device, dtype=dtype))
+
+
+def _raises(exc, match, fn, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        fn(*args, **kwargs)
+
+
+def test_dtype_mismatch(device):
+    q, k, v = _qkv(device)
+    _raises(TypeError, "share one dtype", fa_amd.flash_attn_func, q, k.float(), v)
+
+
+def test_unsupported_dtype(device):
+    q, k, v = _qkv(device)
+    _raises(TypeError, "q must be float16, bfloat16 or float32", fa_amd.flash_attn_func, q.double(), k.double(),
+            v.double())
+    _raises(TypeError, "k must be", fa_amd.flash_attn_func, q, k.to(torch.int32), v)
+
+
+def test_not_a_tensor(device):
+    q, k, v = _qkv(device)
+    _raises(TypeError, "v must be a torch.Tensor", fa_amd.flash_attn_func, q, k, v.tolist())
+
+
+def test_wrong_rank(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, "q must have rank 4", fa_amd.flash_attn_func, q[0], k, v)
+    _raises(ValueError, "q must have rank 3", fa_amd.flash_attn_varlen_func, q, k[0], v[0],
+            cu_seqlens([8], device), cu_seqlens([8], device), 8, 8)
+
+
+def test_head_dim_too_large(device):
+    q, k, v = _qkv(device, d=264)
+    _raises(ValueError, "head dim must be in", fa_amd.flash_attn_func, q, k, v)
+
+
+def test_head_dim_mismatch(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, "share the head dim", fa_amd.flash_attn_func, q, k[..., :16], v[..., :16])
+
+
+def test_heads_not_multiple(device):
+    q, k, v = _qkv(device, h=3, hk=2)
+    _raises(ValueError, r"nheads of q \(3\) must be a multiple of nheads of k/v \(2\)", fa_amd.flash_attn_func, q, k, v)
+
+
+def test_k_v_shape_mismatch(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, "k and v must have the same shape", fa_amd.flash_attn_func, q, k, v[:, :4])
+
+
+def test_batch_mismatch(device):
+    q, k, v = _qkv(device, b=2)
+    _raises(ValueError, "same batch size", fa_amd.flash_attn_func, q, k[:1], v[:1])
+
+
+def test_cu_seqlens_not_int32(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = cu_seqlens([3, 5], device)
+    _raises(TypeError, "cu_seqlens_q must be int32", fa_amd.flash_attn_varlen_func, q, k, v, cu.long(), cu, 5, 5)
+
+
+def test_cu_seqlens_decreasing(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    bad = torch.tensor([0, 5, 3, 8], dtype=torch.int32, device=device)
+    _raises(ValueError, "cu_seqlens_k must be non-decreasing", fa_amd.flash_attn_varlen_func, q, k, v,
+            cu_seqlens([3, 2, 3], device), bad, 5, 5)
+
+
+def test_cu_seqlens_bad_start_or_end(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = cu_seqlens([3, 5], device)
+    _raises(ValueError, r"cu_seqlens_q\[0\] must be 0", fa_amd.flash_attn_varlen_func, q, k, v, cu + 1, cu, 5, 5)
+    _raises(ValueError, "exceeds the 8 tokens", fa_amd.flash_attn_varlen_func, q, k, v,
+            cu_seqlens([3, 9], device), cu, 9, 5)
+
+
+def test_max_seqlen_too_small(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = cu_seqlens([3, 5], device)
+    _raises(ValueError, "max_seqlen_q = 4 is smaller than the longest segment", fa_amd.flash_attn_varlen_func,
+            q, k, v, cu, cu, 4, 5)
+    _raises(TypeError, "max_seqlen_k must be a Python int", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 5,
+            torch.tensor(5))
+
+
+def test_cu_seqlens_length_mismatch(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    _raises(ValueError, "same length", fa_amd.flash_attn_varlen_func, q, k, v, cu_seqlens([3, 5], device),
+            cu_seqlens([8], device), 5, 8)
+
+
+def test_block_table_rejected(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = cu_seqlens([8], device)
+    _raises(ValueError, "block_table", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 8, 8,
+            block_table=torch.zeros(1, 1, dtype=torch.int32, device=device))
+
+
+def test_window_shape(device):
+    q, k, v = _qkv(device)
+    _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v, window_size=(3,))
+    _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v, window_size=(3.0, 1))
+    _raises(ValueError, "window_size entries must be >= -1", fa_amd.flash_attn_func, q, k, v, window_size=(-2, 0))
+
+
+def test_alibi_shape_and_dtype(device):
+    q, k, v = _qkv(device, b=2, h=4, hk=2)
+    _raises(ValueError, r"alibi_slopes must have shape \(4,\) or \(2, 4\)", fa_amd.flash_attn_func, q, k, v,
+            alibi_slopes=torch.rand(2, device=device))
+    _raises(TypeError, "alibi_slopes must be a floating tensor", fa_amd.flash_attn_func, q, k, v,
+            alibi_slopes=torch.ones(4, dtype=torch.int32, device=device))
+
+
+def test_scalar_arguments(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, r"dropout_p must be in \[0, 1\)", fa_amd.flash_attn_func, q, k, v, dropout_p=1.0)
+    _raises(TypeError, "dropout_p must be a float", fa_amd.flash_attn_func, q, k, v, dropout_p="0.1")
+    _raises(ValueError, "softcap must be a finite float >= 0", fa_amd.flash_attn_func, q, k, v, softcap=-1.0)
+    _raises(ValueError, "softmax_scale must be finite", fa_amd.flash_attn_func, q, k, v, softmax_scale=float("nan"))
+    _raises(TypeError, "causal must be a bool", fa_amd.flash_attn_func, q, k, v, causal="yes")
+
+
+def test_packed_shapes(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, r"qkv must be a tensor of shape \(batch, seqlen, 3", fa_amd.flash_attn_qkvpacked_func, q)
+    _raises(ValueError, r"kv must be a tensor of shape \(batch, seqlen_k, 2", fa_amd.flash_attn_kvpacked_func, q, k)
+
+
+def test_cpu_tensors_without_interpreter(monkeypatch):
+    import fa_amd.interface as interface
+
+    monkeypatch.setattr(interface, "INTERPRET", False)
+    q, k, v = _qkv("cpu")
+    _raises(ValueError, "CPU tensor but fa_amd's kernels need a GPU.*TRITON_INTERPRET=1", fa_amd.flash_attn_func,
+            q, k, v)

@@ -1,0 +1,364 @@
+"""Registration, argument handling, Liger-style patching and flash_attention_2 routing."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import fa_amd
+
+transformers = pytest.importorskip("transformers")
+
+from fa_amd.integrations import hf_attention, register  # noqa: E402
+from fa_amd.integrations.hf_attention import (  # noqa: E402
+    cu_seqlens_from_position_ids,
+    fa_amd_attention_forward,
+    sliding_window_to_window_size,
+)
+from fa_amd.reference import attention_ref  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FakeAttentionModule(torch.nn.Module):
+    """What Transformers passes as `module`: is_causal, a config, Linear layers."""
+
+    def __init__(self, dtype=torch.float32, is_causal=True):
+        super().__init__()
+        self.is_causal = is_causal
+        self.proj = torch.nn.Linear(4, 4).to(dtype)
+        self.config = transformers.LlamaConfig()
+
+
+def _qkv(b=2, hq=4, hk=2, sq=9, sk=9, d=16, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, sq, d, dtype=dtype, device=device)
+    k = torch.randn(b, hk, sk, d, dtype=dtype, device=device)
+    v = torch.randn(b, hk, sk, d, dtype=dtype, device=device)
+    return q, k, v
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_register_is_idempotent_and_registers_both_interfaces():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    register()
+    register()
+    assert AttentionInterface._global_mapping["fa_amd"] is fa_amd_attention_forward
+    assert AttentionMaskInterface._global_mapping["fa_amd"] is hf_attention.fa_amd_attention_mask
+
+
+def test_old_transformers_gets_a_clear_error(monkeypatch):
+    import fa_amd.integrations as integrations
+
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.46.0")
+    monkeypatch.setattr(integrations, "_registered", False)
+    with pytest.raises(ImportError, match=r"transformers>=5\.0.*found transformers 4\.46\.0"):
+        integrations.register()
+
+
+def test_import_fa_amd_does_not_import_transformers_when_missing():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["transformers"] = None  # what an uninstalled package looks like to find_spec/import
+        import fa_amd
+        import fa_amd.integrations
+        assert sys.modules["transformers"] is None
+        assert not any(name.startswith("transformers.") for name in sys.modules)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- the attention function
+
+
+def test_output_layout_and_none_weights(device):
+    q, k, v = _qkv(device=device)
+    out, weights = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None)
+    assert weights is None
+    assert out.shape == (2, 9, 4, 16)
+    ref, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_with_kv_cache_is_bottom_right_causal(device):
+    q, k, v = _qkv(sq=1, sk=13, device=device)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None)
+    # a single new token sees the whole cache
+    ref, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_non_causal_module_and_is_causal_kwarg(device):
+    q, k, v = _qkv(device=device)
+    ref, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(is_causal=False), q, k, v, None)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(is_causal=True), q, k, v, None, is_causal=False)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_mapping_matches_transformers_flash():
+    # transformers: window_size=(W-1, W-1) with causal, only when keys exceed the window
+    assert sliding_window_to_window_size(None, True, 100) == (-1, -1)
+    assert sliding_window_to_window_size(8, True, 8) == (-1, -1)
+    assert sliding_window_to_window_size(8, True, 9) == (7, 0)
+    assert sliding_window_to_window_size(8, False, 9) == (7, 7)
+    with pytest.raises(ValueError, match="sliding_window"):
+        sliding_window_to_window_size(0, True, 9)
+
+
+def test_sliding_window_matches_reference(device):
+    q, k, v = _qkv(sq=20, sk=20, device=device)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, sliding_window=5)
+    ref, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window_size=(4, 0))
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_mask_zero_length_row_and_chunked_prefill(device):
+    q, k, v = _qkv(b=3, sq=6, sk=10, device=device)
+    mask = torch.ones(3, 10, dtype=torch.long, device=device)
+    mask[1, :4] = 0  # left padded
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, mask)
+    for row in range(3):
+        keep = mask[row].bool()
+        ref, _ = attention_ref(
+            q[row : row + 1].transpose(1, 2),
+            k[row : row + 1, :, keep].transpose(1, 2),
+            v[row : row + 1, :, keep].transpose(1, 2),
+            causal=True,
+        )
+        torch.testing.assert_close(out[row : row + 1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_fp32_inputs_are_cast_like_transformers_flash(device):
+    q, k, v = _qkv(device=device)
+    with torch.autocast(device_type=device, dtype=torch.float16):
+        out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None)
+    assert out.dtype == torch.float16
+    # PEFT upcast: fp32 activations in a half-precision model go back to the weights' dtype
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(dtype=torch.float16), q, k, v, None)
+    assert out.dtype == torch.float16
+    # a real fp32 model stays fp32
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None)
+    assert out.dtype == torch.float32
+
+
+def test_smaller_value_head_dim_is_padded_and_cropped(device):
+    q, k, v = _qkv(device=device)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v[..., :8], None)
+    assert out.shape == (2, 9, 4, 8)
+    ref, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v[..., :8].transpose(1, 2), causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_ignored_in_eval_mode(device):
+    q, k, v = _qkv(device=device)
+    module = FakeAttentionModule().eval()
+    a, _ = fa_amd_attention_forward(module, q, k, v, None, dropout=0.9)
+    b, _ = fa_amd_attention_forward(module, q, k, v, None, dropout=0.0)
+    torch.testing.assert_close(a, b)
+    module.train()
+    c, _ = fa_amd_attention_forward(module, q, k, v, None, dropout=0.9)
+    assert not torch.allclose(c, b)
+
+
+def test_packed_position_ids_boundaries():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    cu, max_len = cu_seqlens_from_position_ids(pos)
+    assert cu.tolist() == [0, 3, 5, 9] and cu.dtype == torch.int32 and max_len == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(s_aux=torch.zeros(4)), "s_aux"),
+        (dict(sinks=torch.zeros(4)), "sinks"),
+        (dict(position_bias=torch.zeros(1)), "position_bias"),
+        (dict(block_table=torch.zeros(1)), "block_table"),
+        (dict(some_new_feature=torch.zeros(1)), "some_new_feature"),
+    ],
+)
+def test_unsupported_kwargs_raise(kwargs, match):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=match):
+        fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, **kwargs)
+
+
+def test_harmless_and_none_kwargs_pass(device):
+    q, k, v = _qkv(device=device)
+    fa_amd_attention_forward(
+        FakeAttentionModule(), q, k, v, None, s_aux=None, use_cache=True, output_attentions=True, cache_position=None
+    )
+
+
+def test_bad_masks_and_shapes_raise():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="2D"):
+        fa_amd_attention_forward(FakeAttentionModule(), q, k, v, torch.zeros(2, 1, 9, 9))
+    with pytest.raises(ValueError, match="4D"):
+        fa_amd_attention_forward(FakeAttentionModule(), q[0], k, v, None)
+    with pytest.raises(ValueError, match="zero-sized"):
+        fa_amd_attention_forward(FakeAttentionModule(), q[:, :, :0], k, v, None)
+    with pytest.raises(ValueError, match="cu_seq_lens"):
+        fa_amd_attention_forward(
+            FakeAttentionModule(), q[:1], k[:1], v[:1], None, cu_seq_lens_q=torch.tensor([0, 9]), max_length_q=9
+        )
+
+
+# --------------------------------------------------------------------------- patching
+
+
+def test_patch_peft_wrapped_model_and_wrong_family(device):
+    peft = pytest.importorskip("peft")
+    from fa_amd.integrations.monkey_patch import (
+        apply_fa_amd,
+        apply_fa_amd_to_mistral,
+        revert_fa_amd_patches,
+    )
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    model.set_attn_implementation("eager")
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    try:
+        assert apply_fa_amd(lora) is lora
+        assert lora.get_base_model().config._attn_implementation == "fa_amd"
+        import transformers.models.llama.modeling_llama as modeling
+
+        assert modeling.apply_rotary_pos_emb.__module__ == "fa_amd.integrations.monkey_patch"
+        with pytest.raises(TypeError, match="MistralPreTrainedModel"):
+            apply_fa_amd_to_mistral(lora)
+        with pytest.raises(TypeError, match="PreTrainedModel"):
+            apply_fa_amd(torch.nn.Linear(2, 2))
+    finally:
+        revert_fa_amd_patches()
+
+
+# --------------------------------------------------------------------------- flash_attention_2 routing
+
+
+def test_flash_attn_with_kvcache_shim_matches_reference(device):
+    from fa_amd.integrations.flash_attn_shim import flash_attn_with_kvcache
+
+    torch.manual_seed(0)
+    b, hq, hk, d, cache_len = 2, 4, 2, 16, 12
+    k_cache = torch.zeros(b, cache_len, hk, d, device=device)
+    v_cache = torch.zeros(b, cache_len, hk, d, device=device)
+    lengths = torch.tensor([5, 8], dtype=torch.int32, device=device)
+    for row, n in enumerate(lengths.tolist()):
+        k_cache[row, :n] = torch.randn(n, hk, d)
+        v_cache[row, :n] = torch.randn(n, hk, d)
+    q = torch.randn(b, 2, hq, d, device=device)
+    k_new = torch.randn(b, 2, hk, d, device=device)
+    v_new = torch.randn(b, 2, hk, d, device=device)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths, causal=True)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(k_cache[row, n : n + 2], k_new[row])
+        ref, _ = attention_ref(q[row : row + 1], k_cache[row : row + 1, : n + 2], v_cache[row : row + 1, : n + 2],
+                               causal=True)
+        torch.testing.assert_close(out[row : row + 1].double(), ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, block_table=torch.zeros(1))
+
+
+def test_route_flash_attention_2_end_to_end():
+    """In a fresh interpreter (the routing is process-global): no flash-attn installed,
+    yet flash_attention_2 models and `import flash_attn` run on fa_amd."""
+    code = textwrap.dedent(
+        """
+        import importlib.metadata, importlib.util, torch
+        assert importlib.util.find_spec("flash_attn") is None, "test needs a machine without flash-attn"
+        import fa_amd
+        fa_amd.integrations.route_flash_attention_2()
+        fa_amd.integrations.route_flash_attention_2()  # idempotent
+
+        # the package, its metadata and submodules
+        import flash_attn
+        from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+        from flash_attn.bert_padding import pad_input, unpad_input, index_first_axis
+        from flash_attn.flash_attn_interface import flash_attn_varlen_func as f2
+        assert flash_attn_func is fa_amd.flash_attn_func and f2 is fa_amd.flash_attn_varlen_func
+        assert importlib.util.find_spec("flash_attn") is not None
+        assert importlib.metadata.version("flash_attn") == flash_attn.__version__
+        assert "flash-attn" in importlib.metadata.packages_distributions()["flash_attn"]
+
+        # transformers' own FA2 loader resolves to the shim
+        from transformers.modeling_flash_attention_utils import lazy_import_flash_attention
+        (fn, varlen_fn, kv_fn, pad_fn, unpad_fn), _ = lazy_import_flash_attention("flash_attention_2")
+        assert fn is fa_amd.flash_attn_func and unpad_fn is unpad_input
+
+        # on a GPU machine transformers' own probe now sees flash-attn 2 as well
+        if torch.cuda.is_available():
+            from transformers.utils import is_flash_attn_2_available
+            assert is_flash_attn_2_available()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+        from transformers import AutoModelForCausalLM, LlamaConfig
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flash_attention_2").eval().to(device)
+        assert model.config._attn_implementation == "flash_attention_2"
+        ids = torch.randint(3, 64, (2, 10), device=device); mask = torch.ones_like(ids); mask[0, :3] = 0
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask).logits
+            model.set_attn_implementation("eager")
+            ref = model(input_ids=ids, attention_mask=mask).logits
+            model.set_attn_implementation("flash_attention_2")
+            again = model(input_ids=ids, attention_mask=mask).logits
+        keep = mask.bool()
+        torch.testing.assert_close(out[keep], ref[keep], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(again, out)
+        print("routed-ok")
+        """
+    )
+    # conftest.py put TRITON_INTERPRET=1 in os.environ when there is no GPU; the child inherits it
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0 and "routed-ok" in result.stdout, (result.stdout + result.stderr)[-4000:]
+
+
+def test_route_rejects_unsupported_transformers(monkeypatch):
+    from fa_amd.integrations import flash_attn_shim
+
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "6.0.0")
+    monkeypatch.setattr(flash_attn_shim, "_patched_transformers", False)
+    with pytest.raises(ImportError, match="found transformers 6.0.0"):
+        flash_attn_shim._patch_transformers_fa2()
+
+
+# --------------------------------------------------------------------------- mask function
+
+
+def test_mask_function_never_builds_4d_masks():
+    from fa_amd.integrations.hf_attention import fa_amd_attention_mask
+
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    assert fa_amd_attention_mask(2, 10, 10, attention_mask=mask) is None  # nothing padded
+    mask[0, :3] = False
+    out = fa_amd_attention_mask(2, 10, 10, attention_mask=mask)
+    assert out.shape == (2, 10) and torch.equal(out, mask)
+    # sliding-window cache: keep the last kv_length columns (the left padding falls out of the window)
+    assert fa_amd_attention_mask(2, 1, 4, q_offset=9, kv_offset=6, attention_mask=mask) is None
+    assert fa_amd_attention_mask(2, 1, 8, q_offset=9, kv_offset=2, attention_mask=mask).shape == (2, 8)
+    # dynamic cache without padding: no mask
+    assert fa_amd_attention_mask(2, 1, 10, q_offset=9) is None
+    # static cache without padding: a 2D mask covering the filled slots only
+    static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
+    assert static.shape == (2, 6) and static.all()
+    static_prefill = fa_amd_attention_mask(2, 4, 32, q_offset=0, device="cpu")
+    assert static_prefill.shape == (2, 4)
+    # cross-attention (bidirectional, more keys than queries): no mask
+    assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None

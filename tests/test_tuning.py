@@ -1,0 +1,158 @@
+"""Tuned-table persistence and config selection (CPU only: no kernel runs)."""
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from fa_amd.arch import Arch
+from fa_amd.tuning import autotune, get_config
+from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, TABLES
+
+GFX942 = Arch("hip", "gfx942", 64)
+GFX1100 = Arch("hip", "gfx1100", 32)
+SM90 = Arch("cuda", "sm90", 32)
+
+FAKE_ROW = {
+    "head_dim": 128,
+    "fwd": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 3,
+            "matrix_instr_nonkdim": 32, "kpack": 1},
+    "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
+    "dq": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1},
+    "tuned": {"device": "fake"},
+}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA_AMD_CACHE_DIR", str(tmp_path))
+    autotune.invalidate_cache()
+    yield tmp_path
+    autotune.invalidate_cache()
+
+
+@pytest.mark.parametrize("arch", [SM90, Arch("cuda", "sm80", 32), Arch("interpreter", "cpu", 32)])
+def test_hip_only_options_stripped_off_hip(arch, cache_dir):
+    for d in (64, 128, 256):
+        for kernel in ("fwd", "dkdv", "dq"):
+            cfg = get_config(arch, kernel, d)
+            assert not set(HIP_ONLY_OPTIONS) & set(cfg), (arch, kernel, d, cfg)
+            assert {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} <= set(cfg)
+
+
+def test_hip_options_present_on_hip(cache_dir):
+    cfg = get_config(GFX942, "fwd", 128)
+    assert {"waves_per_eu", "matrix_instr_nonkdim", "kpack"} <= set(cfg)
+    assert "waves_per_eu" in get_config(GFX1100, "fwd", 128)
+    assert "matrix_instr_nonkdim" not in get_config(GFX1100, "fwd", 128)  # RDNA: no MFMA
+
+
+def test_no_file_means_defaults(cache_dir):
+    assert autotune.load_tuned_table() == {}
+    assert get_config(GFX942, "fwd", 128)["BLOCK_M"] == next(r for r in TABLES["gfx942"] if r["head_dim"] == 128)["fwd"]["BLOCK_M"]
+
+
+def test_save_and_load_merges_over_defaults(cache_dir):
+    path = autotune.save_tuned_rows("gfx942", [FAKE_ROW])
+    assert path == autotune.tuned_table_path() and path.parent == cache_dir
+    table = autotune.load_tuned_table()
+    rows = table["gfx942"]
+    assert [r["head_dim"] for r in rows] == [64, 128, 256]  # untuned classes keep their default rows
+    assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
+    assert get_config(GFX942, "fwd", 64) == {k: v for k, v in TABLES["gfx942"][0]["fwd"].items() if k != "fp32"}
+    assert get_config(GFX942, "fwd", 256)["BLOCK_M"] == TABLES["gfx942"][2]["fwd"]["BLOCK_M"]
+    # the same tuned row on a non-HIP family loses its AMD-only options
+    autotune.save_tuned_rows("sm90", [FAKE_ROW])
+    cfg = get_config(SM90, "fwd", 128)
+    assert cfg["BLOCK_N"] == 16 and not set(HIP_ONLY_OPTIONS) & set(cfg)
+    # a second save merges with what is on disk
+    data = json.loads(path.read_text())
+    assert set(data["families"]) == {"gfx942", "sm90"} and data["format"] == autotune.FILE_FORMAT
+
+
+def test_loaded_in_another_process(cache_dir):
+    autotune.save_tuned_rows("gfx942", [FAKE_ROW])
+    code = ("from fa_amd.arch import Arch; from fa_amd.tuning import get_config; "
+            "print(get_config(Arch('hip', 'gfx942', 64), 'fwd', 128)['waves_per_eu'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"
+
+
+def test_broken_file_warns_and_uses_defaults(cache_dir):
+    (cache_dir / "tuned_table.json").write_text("{not json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert autotune.load_tuned_table() == {}
+    assert any("unreadable tuned table" in str(w.message) for w in caught)
+    assert "BLOCK_M" in get_config(GFX942, "fwd", 128)
+
+
+def test_malformed_rows_are_dropped(cache_dir):
+    bad = dict(FAKE_ROW, fwd={"num_warps": 4})  # no tile sizes
+    (cache_dir / "tuned_table.json").write_text(json.dumps({"format": 1, "families": {"gfx942": [bad]}}))
+    assert autotune.load_tuned_table() == {}
+
+
+def test_candidate_lists_respect_backend():
+    default = get_config(GFX942, "fwd", 128)
+    hip = autotune.candidates(GFX942, "fwd", default, 128)
+    assert hip[0] == default and len(hip) > 4
+    assert all("waves_per_eu" in c for c in hip)
+    cuda = autotune.candidates(SM90, "fwd", get_config(SM90, "fwd", 128), 128)
+    assert all(not set(HIP_ONLY_OPTIONS) & set(c) for c in cuda)
+    rdna = autotune.candidates(GFX1100, "dq", get_config(GFX1100, "dq", 256), 256)
+    assert all("matrix_instr_nonkdim" not in c and "kpack" not in c for c in rdna)
+    assert all(c["BLOCK_M"] * c["BLOCK_N"] <= 64 * 64 for c in rdna[1:])
+    assert len({json.dumps(c, sort_keys=True) for c in hip}) == len(hip)  # no duplicates
+
+
+def test_ensure_tuned_is_a_noop_without_gpu_or_env(cache_dir, monkeypatch):
+    monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
+    autotune.ensure_tuned(GFX942, 128)  # env off: nothing happens
+    monkeypatch.setenv(autotune.AUTOTUNE_ENV, "1")
+    autotune.ensure_tuned(Arch("interpreter", "cpu", 32), 128)  # no GPU backend: nothing happens
+    assert not (cache_dir / "tuned_table.json").exists()
+
+
+def test_ensure_tuned_skips_when_already_tuned(cache_dir, monkeypatch):
+    monkeypatch.setenv(autotune.AUTOTUNE_ENV, "1")
+    autotune.save_tuned_rows("gfx942", [FAKE_ROW])
+    called = []
+    monkeypatch.setattr(autotune, "tune_head_dim", lambda *a, **k: called.append(a))
+    autotune.ensure_tuned(GFX942, 128)
+    assert not called
+
+
+def test_ensure_tuned_failure_warns_never_raises(cache_dir, monkeypatch):
+    monkeypatch.setenv(autotune.AUTOTUNE_ENV, "1")
+    monkeypatch.setattr(autotune, "_tuned_this_process", set())
+
+    def boom(*a, **k):
+        raise RuntimeError("OutOfResources: shared memory")
+
+    monkeypatch.setattr(autotune, "tune_head_dim", boom)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        autotune.ensure_tuned(GFX942, 256)
+        autotune.ensure_tuned(GFX942, 256)  # one attempt per process
+    msgs = [str(w.message) for w in caught]
+    assert sum("tuning launch configs" in m for m in msgs) == 1
+    assert sum("failed" in m for m in msgs) == 1
+    assert not (cache_dir / "tuned_table.json").exists()
+
+
+def test_ensure_tuned_persists(cache_dir, monkeypatch):
+    monkeypatch.setenv(autotune.AUTOTUNE_ENV, "1")
+    monkeypatch.setattr(autotune, "_tuned_this_process", set())
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(autotune, "tune_head_dim", lambda arch, d, **k: dict(FAKE_ROW, head_dim=d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        autotune.ensure_tuned(GFX942, 128)
+    assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
