@@ -36,9 +36,15 @@ def _register_transformers():
         return
     try:
         from .integrations import register
-    except ImportError:  # integrations not installed alongside (e.g. partial checkout)
+    except ImportError:  # integrations not installed alongside (e.g. a bare source checkout)
         return
-    register()
+    try:
+        register()
+    except ImportError as err:
+        # an incompatible transformers must not break the kernel API; say why "fa_amd" is missing
+        import warnings
+
+        warnings.warn(str(err), stacklevel=2)
 
 
 _register_transformers()

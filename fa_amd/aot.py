@@ -41,8 +41,10 @@ TARGETS = {
     "sm80": ("cuda", 80, 32),
     "sm90": ("cuda", 90, 32),
 }
-KERNELS = ("fwd", "dkdv", "dq", "preprocess", "probs")
-DEFAULT_KERNELS = ("fwd", "dkdv", "dq", "preprocess")
+# dkdv_atomic: the dK/dV kernel that also accumulates dQ with fp32 atomics
+# (deterministic=False, flash-attn's default); dq is then not launched
+KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dq", "preprocess", "probs")
+DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dq", "preprocess")
 # (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
 HEAD_DIMS = (64, 80, 128, 256)
 DTYPES = ("fp16", "bf16")
@@ -56,6 +58,7 @@ VARIANTS = {
 _KERNEL_FN = {
     "fwd": "attn_fwd_kernel",
     "dkdv": "attn_bwd_dkdv_kernel",
+    "dkdv_atomic": "attn_bwd_dkdv_kernel",
     "dq": "attn_bwd_dq_kernel",
     "preprocess": "bwd_preprocess_kernel",
     "probs": "attn_probs_kernel",
@@ -76,7 +79,7 @@ KNOWN_SCRATCH: Dict[tuple, str] = {
 }
 
 # kernel -> the table entry whose launch config it uses
-_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dq": "dq", "probs": "fwd", "preprocess": None}
+_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dkdv_atomic": "dkdv_atomic", "dq": "dq", "probs": "fwd", "preprocess": None}
 
 
 @dataclass
@@ -133,7 +136,7 @@ def known_scratch(r: "CompileResult") -> Optional[str]:
 def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     """Rough register-pressure score of a tile config (fp32 accumulators + score tile)."""
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    if kernel == "dkdv":
+    if kernel in ("dkdv", "dkdv_atomic"):
         return bn * (2 * d_pad + bm)
     if kernel == "dq":
         return bm * (d_pad + bn)
@@ -149,7 +152,9 @@ def default_config(target: str, kernel: str, d_pad: int) -> Dict:
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
     rows = TABLES[target]
     row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
-    cfg = {k: v for k, v in row[table_kernel].items() if k != "fp32"}
+    # a row without a dkdv_atomic entry uses its dkdv one (as fa_amd.tuning.get_config does)
+    entry = row.get(table_kernel) or row["dkdv"]
+    cfg = {k: v for k, v in entry.items() if k != "fp32"}
     if TARGETS[target][0] != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
@@ -228,7 +233,8 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     equal to 1 (Triton specializes those at launch, so the AOT build does too)."""
     values = dict(HEAD_DIM=job.head_dim, D_PAD=_d_pad(job.head_dim), INPUT_PRECISION="ieee",
                   IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
-                  HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"))
+                  HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
+                  ATOMIC_DQ=job.kernel == "dkdv_atomic")
     values.update(VARIANTS[job.variant])
     constexprs = {}
     for p in fn.params:
@@ -255,6 +261,13 @@ def _amd_stat(text: str, key: str) -> Optional[int]:
 
 
 def compile_one(job: CompileJob) -> CompileResult:
+    try:
+        return _compile_one(job)
+    except Exception as exc:  # e.g. a kernel signature this module does not know yet
+        return CompileResult(job.target, job.kernel, job.name, error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def _compile_one(job: CompileJob) -> CompileResult:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -423,6 +436,34 @@ def format_tables(results: List[CompileResult]) -> str:
     return "\n".join(lines)
 
 
+def summary_table(results: List[CompileResult]) -> str:
+    """One line per (target, kernel): worst case over all compiled variants."""
+    lines = ["| target | kernel | variants | max VGPRs / regs | max LDS / shared B | max scratch / stack B "
+             "| min occupancy | status |", "|---|---|---|---|---|---|---|---|"]
+    for target in TARGETS:
+        for kernel in KERNELS:
+            rows = [r for r in results if (r.target, r.kernel) == (target, kernel)]
+            if not rows:
+                continue
+            hip = rows[0].is_hip
+
+            def worst(get, pick=max):
+                vals = [get(r) for r in rows if get(r) is not None]
+                return pick(vals) if vals else None
+
+            errors = sum(r.error is not None for r in rows)
+            spills = [r for r in rows if r.is_hip and r.scratch_bytes]
+            unknown = [r for r in spills if not known_scratch(r)]
+            status = (f"{errors} errors" if errors else
+                      f"{len(unknown)} SPILL" if unknown else
+                      f"{len(spills)} known spill" if spills else "ok")
+            lines.append(f"| {target} | {kernel} | {len(rows)} "
+                         f"| {_fmt(worst(lambda r: r.vgprs if hip else r.regs))} | {_fmt(worst(lambda r: r.lds_bytes))} "
+                         f"| {_fmt(worst(lambda r: r.scratch_bytes if hip else r.stack_bytes))} "
+                         f"| {_fmt(worst(lambda r: r.occupancy, min))} | {status} |")
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--arch", nargs="+", default=None, metavar="TARGET",
                         help=f"targets to build (default: all of {' '.join(TARGETS)})")
@@ -432,11 +473,21 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
+    parser.add_argument("--from-json", metavar="PATH", help="do not compile; print the tables of an earlier --json")
     parser.add_argument("--fresh-cache", action="store_true",
                         help="compile into an empty Triton cache (honest timings)")
 
 
 def run_cli(args) -> int:
+    if args.from_json:
+        with open(args.from_json) as f:
+            payload = json.load(f)
+        results = [CompileResult(**r) for r in payload["results"]]
+        print(f"triton {payload['triton']}, {len(results)} variants, {payload['wall_seconds']:.0f} s wall")
+        print("\n### Summary (worst case per target and kernel)\n")
+        print(summary_table(results))
+        print(format_tables(results))
+        return 1 if any(r.failed for r in results) else 0
     targets = args.arch or list(TARGETS)
     for t in targets:
         if t not in TARGETS:
@@ -466,7 +517,13 @@ def run_cli(args) -> int:
 
     results = run_jobs(jobs, args.jobs, progress, fresh_cache=args.fresh_cache)
     wall = time.perf_counter() - start
-    print(format_tables(results))
+    if args.full:
+        print("\n### Summary (worst case per target and kernel)\n")
+        print(summary_table(results))
+        if args.json:
+            print(f"(per-variant rows: {args.json})")
+    else:
+        print(format_tables(results))
     failed = [r for r in results if r.failed]
     cpu = sum(r.seconds for r in results)
     print(f"\n{len(results)} variants compiled in {wall:.0f} s wall ({cpu:.0f} s compiler time, "

@@ -26,7 +26,7 @@ def cmd_info(args) -> int:
     import torch
 
     from .arch import INTERPRET, device_arch
-    from .tuning import family_of, get_config
+    from .tuning import KERNELS, family_of, get_config
     from .tuning.autotune import autotune_enabled, tuned_copy, tuned_table_path
 
     torch_v, triton_v = _versions()
@@ -45,11 +45,11 @@ def cmd_info(args) -> int:
     tuned = tuned_copy().get(family_of(arch))
     print(f"tuned table {path} ({'has ' + family_of(arch) + ' rows' if tuned else 'no rows for this arch'}); "
           f"FA_AMD_AUTOTUNE={'1 (tune on first use)' if autotune_enabled() else 'off'}")
-    print("configs (fwd / dkdv / dq):")
+    print("configs the tables pick:")
     for d in (64, 128, 256):
         print(f"  d{d}:")
-        for kernel in ("fwd", "dkdv", "dq"):
-            print(f"    {kernel:5s} {get_config(arch, kernel, d)}")
+        for kernel in KERNELS:
+            print(f"    {kernel:11s} {get_config(arch, kernel, d)}")
     return 0
 
 
@@ -142,7 +142,7 @@ def cmd_tune(args) -> int:
         print(f"head_dim {d}, seqlen {args.seqlen}{' causal' if args.causal else ''}:")
         row = autotune.tune_head_dim(arch, d, seqlen=args.seqlen, causal=args.causal, dtype=dtype,
                                      log=print if args.verbose else (lambda m: None))
-        for kernel in autotune.ROW_KERNELS:
+        for kernel in [k for k in autotune.ROW_KERNELS + autotune.OPTIONAL_KERNELS if k in row]:
             t = row["tuned"]["timings_ms"].get(kernel)
             speed = f"{t['best_ms']:.3f} ms (default {t['default_ms']:.3f} ms)" if t else "no candidate ran; default kept"
             print(f"  {kernel:5s} {row[kernel]}  {speed}")

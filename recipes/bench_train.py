@@ -47,13 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", nargs="+", choices=("packed", "padded"), default=["packed", "padded"])
     parser.add_argument("--seq-lens", nargs="+", type=int, default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
     parser.add_argument("--batch-tokens", type=int, default=None,
-                        help="token budget per step (default: 16384 on GPU, raised to the seq-len if smaller)")
+                        help="token budget per step (default on GPU: 16384, 4096 for --compare-loss; raised to "
+                             "the seq-len if smaller)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
-    parser.add_argument("--data", choices=("synthetic", "corpus"), default="synthetic",
-                        help="synthetic: random tokens, lengths uniform in [seq-len/4, seq-len], so every seq-len is "
-                             "really exercised; corpus: the built-in text corpus (mostly short documents)")
+    parser.add_argument("--data", choices=("synthetic", "corpus"), default=None,
+                        help="synthetic (throughput default): random tokens, lengths uniform in [seq-len/4, seq-len], "
+                             "so every seq-len is really exercised; corpus (--compare-loss default): the built-in "
+                             "text, which a model can learn, so the curves mean something")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                         help="throughput: weights and optimizer in this dtype; --compare-loss: autocast dtype over "
                              "fp32 weights (default: bf16 on GPU, fp32 on CPU)")
@@ -81,7 +83,9 @@ def resolve(args) -> Namespace:
     if args.seq_lens is None:
         args.seq_lens = [2048, 8192] if gpu else [64]
     if args.batch_tokens is None:
-        args.batch_tokens = 16384 if gpu else 256
+        # --compare-loss must fit eager on packed rows, whose block-diagonal mask
+        # is dense: (batch tokens)^2 per head.
+        args.batch_tokens = (4096 if args.compare_loss else 16384) if gpu else 256
     if args.steps is None:
         args.steps = 50 if args.compare_loss else 10
     if args.dtype is None:
@@ -89,6 +93,8 @@ def resolve(args) -> Namespace:
     if not gpu and args.dtype != "fp32":
         print("[bench] no GPU: the Triton interpreter needs fp32, using --dtype fp32", flush=True)
         args.dtype = "fp32"
+    if args.data is None:
+        args.data = "corpus" if args.compare_loss else "synthetic"
     if args.compare_loss:
         args.dropout = 0.0
     return args

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -547,6 +548,7 @@ def train(model_type: str, argv=None) -> dict:
                desc=f"{args.model_type}/{args.attn}", dynamic_ncols=True)
     step_loss = torch.zeros((), device=device)
     step_tokens = 0
+    step_slots = 0  # tokens computed, padding included
     step_checksum = 0
     step_started = time.perf_counter()
     while progress.step < args.max_steps:
@@ -556,6 +558,7 @@ def train(model_type: str, argv=None) -> dict:
                         if progress.micro_batches_in_epoch else loader)
         for batch in epoch_loader:
             step_tokens += data.real_token_count(batch)
+            step_slots += batch["input_ids"].numel()
             step_checksum += int(batch["input_ids"].sum())
             last_micro_batch = (progress.micro_batches_total + 1) % args.grad_accum == 0
             # Gradients are all-reduced on the last micro-batch of a step only.
@@ -577,7 +580,8 @@ def train(model_type: str, argv=None) -> dict:
 
             # One all-reduce for loss / tokens / checksum: it also times the step honestly on GPU.
             totals = accelerator.reduce(
-                torch.tensor([step_loss.item(), step_tokens, step_checksum], device=device, dtype=torch.float64),
+                torch.tensor([step_loss.item(), step_tokens, step_checksum, step_slots], device=device,
+                             dtype=torch.float64),
                 reduction="sum",
             ).tolist()
             elapsed = time.perf_counter() - step_started
@@ -592,6 +596,7 @@ def train(model_type: str, argv=None) -> dict:
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "tokens": tokens,
                 "tokens_per_s": tokens / elapsed,
+                "padding_fraction": 1 - tokens / totals[3],
                 "peak_mem_gb": peak_memory_gb(device),
                 "step_seconds": elapsed,
                 "epoch": progress.epoch,
@@ -611,6 +616,7 @@ def train(model_type: str, argv=None) -> dict:
                 save_checkpoint()
             step_loss.zero_()
             step_tokens = 0
+            step_slots = 0
             step_checksum = 0
             step_started = time.perf_counter()
             if progress.step >= args.max_steps:
@@ -631,8 +637,9 @@ def train(model_type: str, argv=None) -> dict:
     if not args.no_save_model:
         save_final_model(accelerator, model, tokenizer, output_dir / "final_model")
     log(accelerator,
-        f"done: {progress.step} steps, final loss {summary.get('final_loss')}, "
-        f"{summary.get('mean_tokens_per_s', 0):,.0f} tokens/s, peak memory {summary.get('peak_mem_gb', 0):.2f} GB")
+        f"done: {progress.step} steps, final loss {summary.get('final_loss', float('nan')):.4f}, "
+        f"{summary.get('median_tokens_per_s', 0):,.0f} tokens/s (median step), "
+        f"peak memory {summary.get('peak_mem_gb', 0):.2f} GB")
     if interpreting:
         log(accelerator, "that was the CPU smoke run. For the real thing run the same command on a machine with a "
                          "ROCm or CUDA GPU: `accelerate launch recipes/finetune_llama.py` "
@@ -655,6 +662,8 @@ def summarize(progress: TrainingProgress, accelerator) -> dict:
         "min_loss": min(h["loss"] for h in history),
         "tokens_seen": progress.tokens_seen,
         "mean_tokens_per_s": sum(h["tokens"] for h in timed) / seconds if seconds > 0 else 0.0,
+        # Robust to the odd step that recompiles a kernel for a new shape.
+        "median_tokens_per_s": statistics.median(h["tokens_per_s"] for h in timed),
         "peak_mem_gb": max(h["peak_mem_gb"] for h in history),
         "train_seconds": progress.train_seconds,
         "num_processes": accelerator.num_processes,

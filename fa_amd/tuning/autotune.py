@@ -34,7 +34,10 @@ from .tables import HIP_ONLY_OPTIONS, TABLES
 
 AUTOTUNE_ENV = "FA_AMD_AUTOTUNE"
 FILE_FORMAT = 1
-ROW_KERNELS = ("fwd", "dkdv", "dq")
+ROW_KERNELS = ("fwd", "dkdv", "dq")  # every row has these
+# optional per row (falls back to "dkdv"): dK/dV kernel that also accumulates dQ
+# with atomics, used by the non-deterministic backward
+OPTIONAL_KERNELS = ("dkdv_atomic",)
 
 
 def tuned_table_path() -> Path:
@@ -60,7 +63,8 @@ def _valid_launch(cfg) -> bool:
 
 def _valid_row(row) -> bool:
     return (isinstance(row, dict) and isinstance(row.get("head_dim"), int)
-            and all(_valid_launch(row.get(k)) for k in ROW_KERNELS))
+            and all(_valid_launch(row.get(k)) for k in ROW_KERNELS)
+            and all(_valid_launch(row[k]) for k in OPTIONAL_KERNELS if k in row))
 
 
 def _read_file(path: Path) -> Dict[str, List[dict]]:
@@ -135,7 +139,7 @@ def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[D
     """A small per-arch list of launch dicts around the default one (default first)."""
     if kernel == "fwd":
         tiles = [(128, 64), (128, 32), (64, 64), (64, 32), (128, 128)]
-    elif kernel == "dkdv":
+    elif kernel in ("dkdv", "dkdv_atomic"):
         tiles = [(32, 128), (32, 64), (16, 64), (64, 64), (16, 128)]
     else:
         tiles = [(128, 32), (64, 32), (64, 16), (64, 64), (128, 64)]
@@ -215,11 +219,21 @@ class _Problem:
                                         self.scale, -1, 0 if self.causal else -1, 0.0, None, None, False)
         return out, lse
 
-    def backward(self, out, lse):
+    def backward(self, out, lse, deterministic=True):
         from ..kernels.attention import attention_backward
 
+        extra = {} if deterministic else {"deterministic": False}
         return attention_backward(self.do, self.q, self.k, self.v, out, lse, None, None, self.seqlen,
-                                  self.seqlen, 0.0, self.scale, -1, 0 if self.causal else -1, 0.0, None, None)
+                                  self.seqlen, 0.0, self.scale, -1, 0 if self.causal else -1, 0.0, None, None,
+                                  **extra)
+
+
+def _has_atomic_backward() -> bool:
+    import inspect
+
+    from ..kernels.attention import attention_backward
+
+    return "deterministic" in inspect.signature(attention_backward).parameters
 
 
 def _time_candidate(fn, check, reps_ms: int) -> Optional[float]:
@@ -262,16 +276,19 @@ def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool =
         install(base)
         ref_out, ref_lse = problem.forward()
         ref_grads = problem.backward(ref_out, ref_lse)
-        for kernel in ROW_KERNELS:
+        kernels = ROW_KERNELS + (("dkdv_atomic",) if _has_atomic_backward() else ())
+        base["dkdv_atomic"] = _strip_for(arch, default_row.get("dkdv_atomic") or default_row["dkdv"])
+        for kernel in kernels:
             results = []
             for cfg in candidates(arch, kernel, base[kernel], head_dim_padded):
-                row = dict(base, **{k: best[k] for k in best if k in ROW_KERNELS})
+                row = dict(base, **{k: best[k] for k in best if k in kernels})
                 row[kernel] = cfg
                 install(row)
                 if kernel == "fwd":
                     ms = _time_candidate(problem.forward, lambda r: _close(r[0], ref_out, dtype), rep_ms)
                 else:
-                    ms = _time_candidate(lambda: problem.backward(ref_out, ref_lse),
+                    deterministic = kernel != "dkdv_atomic"
+                    ms = _time_candidate(lambda: problem.backward(ref_out, ref_lse, deterministic),
                                          lambda g: all(_close(a, b, dtype) for a, b in zip(g, ref_grads)), rep_ms)
                 log(f"  {kernel} {cfg}: " + ("skipped (failed or wrong)" if ms is None else f"{ms:.3f} ms"))
                 if ms is not None:
