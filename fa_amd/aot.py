@@ -67,15 +67,14 @@ _KERNEL_FN = {
 # Listed here they print as "known spill" and do not fail the check; the test
 # fails once one of them stops spilling, so the list cannot go stale.
 # key: (target, kernel, table row head_dim)
-_RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves: the backward keeps two "
-              "d-wide operands (k, v or q, dO) resident, 2 x 64 VGPRs at d128 and 2 x 128 at d256, "
-              "of 256; needs a kernel change (reload per block), not a table row")
+_RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves, so every d-wide operand a "
+              "kernel keeps resident (fwd: q; dkdv: k, v; dq: q, dO) costs d/2 of the 256 VGPRs of a "
+              "wave32 lane; no tile size fits these rows, it needs a kernel change (reload per block)")
 KNOWN_SCRATCH: Dict[tuple, str] = {
-    ("gfx1100", "dkdv", 128): _RDNA_WMMA,
+    **{("gfx1100", kernel, d): _RDNA_WMMA for kernel in ("dkdv", "dkdv_atomic") for d in (64, 128, 256)},
     ("gfx1100", "dq", 128): _RDNA_WMMA,
-    ("gfx1100", "fwd", 256): _RDNA_WMMA,
-    ("gfx1100", "dkdv", 256): _RDNA_WMMA,
     ("gfx1100", "dq", 256): _RDNA_WMMA,
+    ("gfx1100", "fwd", 256): _RDNA_WMMA,
 }
 
 # kernel -> the table entry whose launch config it uses
@@ -188,7 +187,8 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             if rows:
                 heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
-            jobs += [CompileJob(t, k, d, dtype, "all") for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH]
+            # plain: the variant every known row spills in (all-features sometimes allocates luckier)
+            jobs += [CompileJob(t, k, d, dtype, "plain") for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH]
     return jobs
 
 
@@ -228,6 +228,18 @@ def _signature(fn, constexprs: Dict, dtype: str):
     return sig, attrs
 
 
+def _constexpr_params(fn) -> List[str]:
+    """Names of fn's tl.constexpr parameters (JITFunction, or the interpreter's wrapper in tests)."""
+    if hasattr(fn, "params"):
+        return [p.name for p in fn.params if p.is_constexpr]
+    import inspect
+
+    import triton.language as tl
+
+    sig = inspect.signature(fn.fn)
+    return [n for n, p in sig.parameters.items() if p.annotation is tl.constexpr or "constexpr" in str(p.annotation)]
+
+
 def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     """Values of the kernel's constexpr parameters for this job, plus runtime ints
     equal to 1 (Triton specializes those at launch, so the AOT build does too)."""
@@ -236,13 +248,12 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
                   HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
                   ATOMIC_DQ=job.kernel == "dkdv_atomic")
     values.update(VARIANTS[job.variant])
+    constexpr_names = _constexpr_params(fn)
     constexprs = {}
-    for p in fn.params:
-        if p.name not in values:
-            continue
-        if p.is_constexpr or values[p.name] == 1:
-            constexprs[p.name] = values[p.name]
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    for name in fn.arg_names:
+        if name in values and (name in constexpr_names or values[name] == 1):
+            constexprs[name] = values[name]
+    missing = [name for name in constexpr_names if name not in constexprs]
     if missing:
         raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")
     return constexprs
@@ -334,20 +345,27 @@ def _worker_main():
 # --------------------------------------------------------------------------- driving (parent side)
 
 def target_supported(target: str) -> Optional[str]:
-    """None if the installed triton knows the target, else the reason it does not."""
+    """None if the target is known here, else why not (the installed triton is probed separately)."""
     if target not in TARGETS:
         return f"unknown target {target!r} (choose from {', '.join(TARGETS)})"
-    if target == "gfx950":
-        import triton
+    from .tuning.tables import TABLES
 
-        from .tuning.tables import TABLES
-
-        if "gfx950" not in TABLES:
-            return "no gfx950 row in tuning tables"
-        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-        if (major, minor) < (3, 3):
-            return f"triton {triton.__version__} predates gfx950 support (3.3+)"
+    if target not in TABLES:
+        return f"no {target} rows in fa_amd/tuning/tables.py"
     return None
+
+
+# targets that older Triton releases may not know; probed with one tiny compile
+_PROBED_TARGETS = ("gfx950",)
+
+
+def probe_targets(targets) -> Dict[str, str]:
+    """{target: reason} for targets the installed triton cannot compile for."""
+    probes = [CompileJob(t, "preprocess", 64, "fp16", "plain") for t in targets if t in _PROBED_TARGETS]
+    if not probes:
+        return {}
+    return {r.target: f"the installed triton cannot build it ({r.error})"
+            for r in run_jobs(probes, len(probes)) if r.error}
 
 
 def run_jobs(jobs: List[CompileJob], workers: int, progress=None, fresh_cache: bool = False) -> List[CompileResult]:
@@ -364,32 +382,50 @@ def run_jobs(jobs: List[CompileJob], workers: int, progress=None, fresh_cache: b
     results: List[Optional[CompileResult]] = [None] * len(jobs)
     lock = threading.Lock()
 
-    def drive():
+    def start_worker():
+        log = tempfile.TemporaryFile(mode="w+")  # the worker's stderr, for the report if it dies
         proc = subprocess.Popen([sys.executable, "-m", "fa_amd.aot", "--_worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        return proc, log
+
+    def ask(proc, job) -> Optional[str]:
+        try:
+            proc.stdin.write(json.dumps(asdict(job)) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        return proc.stdout.readline() or None
+
+    def drive():
+        proc, log = start_worker()
         try:
             while True:
                 try:
                     i = todo.get_nowait()
                 except queue.Empty:
                     return
-                proc.stdin.write(json.dumps(asdict(jobs[i])) + "\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-                if not line:  # worker died (e.g. compiler segfault): report and restart it
-                    job = jobs[i]
+                job = jobs[i]
+                line = ask(proc, job)
+                if line is None:  # the worker died (e.g. a compiler crash): report it, start a new one
+                    proc.kill()
+                    log.seek(0)
+                    tail = " | ".join(log.read().strip().splitlines()[-3:])
                     results[i] = CompileResult(job.target, job.kernel, job.name,
-                                               error=f"compiler process died (exit {proc.wait()})")
-                    proc = subprocess.Popen(proc.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, text=True, env=env)
+                                               error=f"compiler process died (exit {proc.wait()}): {tail}"[:400])
+                    log.close()
+                    proc, log = start_worker()
                 else:
                     results[i] = CompileResult(**json.loads(line))
                 if progress:
                     with lock:
                         progress(results[i])
         finally:
-            proc.stdin.close()
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
             proc.wait()
+            log.close()
 
     threads = [threading.Thread(target=drive, daemon=True) for _ in range(max(1, min(workers, len(jobs))))]
     for t in threads:
@@ -398,7 +434,11 @@ def run_jobs(jobs: List[CompileJob], workers: int, progress=None, fresh_cache: b
         t.join()
     if tmp_cache:
         shutil.rmtree(tmp_cache, ignore_errors=True)
-    return [r for r in results if r is not None]
+    missing = [i for i, r in enumerate(results) if r is None]
+    for i in missing:  # a driver thread failed outright: never drop a job silently
+        job = jobs[i]
+        results[i] = CompileResult(job.target, job.kernel, job.name, error="not compiled (driver thread failed)")
+    return results
 
 
 def _fmt(v) -> str:
@@ -500,6 +540,9 @@ def run_cli(args) -> int:
             print(f"note: skipping {t}: {reason}")
         else:
             usable.append(t)
+    for t, reason in probe_targets(usable).items():
+        print(f"note: skipping {t}: {reason}")
+        usable.remove(t)
     kernels = args.kernels or (KERNELS if args.full else DEFAULT_KERNELS)
     jobs = full_jobs(usable, kernels) if args.full else ci_jobs(usable, kernels)
     # slowest first (large tiles, RDNA) so the parallel tail is short

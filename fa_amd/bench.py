@@ -35,8 +35,9 @@ HEAD_DIMS = (64, 128, 256)
 VARLEN_DOCS = (64, 2048, 512, 1536, 128, 2048, 768, 256, 2048, 1024, 96, 1408, 160, 2048, 352, 1024, 864)
 assert sum(VARLEN_DOCS) == TOKENS and len(VARLEN_DOCS) == 17
 # eager attention materializes (b, h, sq, sk) scores several times over (scores,
-# probs, their grads); past this it is skipped, not run out of memory
-EAGER_MAX_BYTES = 12 << 30
+# probs, their grads): it is skipped, not run out of memory, past this share
+# of the GPU's memory
+EAGER_MAX_MEMORY_FRACTION = 0.4
 METHODS = ("fa_amd", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flash_attn", "eager")
 
 
@@ -208,8 +209,11 @@ def make_eager(shape: Shape, device):
     if shape.doc_lens:
         raise Unavailable("eager varlen not benchmarked (a per-document loop is not a fair baseline)")
     score_bytes = shape.batch * shape.heads_q * shape.seqlen ** 2 * 4
-    if device != "cpu" and 4 * score_bytes > EAGER_MAX_BYTES:
-        raise Unavailable(f"skipped: needs ~{4 * score_bytes / 2**30:.0f} GiB for scores and their grads")
+    if device != "cpu":
+        budget = EAGER_MAX_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory
+        if 4 * score_bytes > budget:
+            raise Unavailable(f"skipped: needs ~{4 * score_bytes / 2**30:.0f} GiB for scores and their grads "
+                              f"(> {EAGER_MAX_MEMORY_FRACTION:.0%} of GPU memory)")
     return (lambda q, k, v: eager_attention(q, k, v, shape.causal)), "bhsd"
 
 
@@ -306,9 +310,6 @@ def bench_method(method: str, shape: Shape, dtype, device, smoke: bool) -> List[
             results.append(Result(**base, mode=mode, note=f"n/a: {type(exc).__name__}: {reason}"))
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    del q, k, v, dout
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return results
 
 
@@ -335,7 +336,10 @@ def run(methods, dtype, device, quick=False, smoke=False, log=print) -> List[Res
     for shape in shapes(quick, smoke):
         log(f"{shape.label}")
         for method in methods:
-            for r in bench_method(method, shape, dtype, device, smoke):
+            method_results = bench_method(method, shape, dtype, device, smoke)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the method's inputs are gone now; give the next one all memory
+            for r in method_results:
                 results.append(r)
                 shown = f"{r.tflops:7.1f} TFLOP/s  {r.ms:8.3f} ms" if r.ms is not None else r.note
                 mem = f"  peak {r.peak_mib:.0f} MiB" if r.peak_mib is not None else ""

@@ -14,9 +14,12 @@ and blocks outside [lo, hi) are never touched.
 The backward never uses atomics: dK/dV are accumulated per key block over all
 query heads of its KV group, dQ per query block, so it is deterministic.
 """
+import warnings
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for
 from ..tuning import get_bwd_config, get_fwd_config
@@ -600,6 +603,48 @@ def _launch_options(cfg):
     return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
 
 
+# (kernel, table config, dtype, constexprs) -> the smaller config that fit this GPU
+_FITTED_CONFIGS = {}
+
+
+def _shrink(cfg):
+    """Next smaller config after an out-of-resources launch: fewer pipeline
+    stages first, then halve the larger tile (never below 16, tl.dot's minimum)."""
+    cfg = dict(cfg)
+    if cfg.get("num_stages", 1) > 1:
+        cfg["num_stages"] -= 1
+        return cfg
+    key = "BLOCK_N" if cfg["BLOCK_N"] >= cfg["BLOCK_M"] else "BLOCK_M"
+    if cfg[key] <= 16:
+        return None
+    cfg[key] //= 2
+    return cfg
+
+
+def _launch(kernel, cfg, tile_key, span, grid_tail, args, kwargs):
+    """Launch `kernel` with the tiles of `cfg`; grid axis 0 covers `span` in steps of cfg[tile_key].
+
+    A table entry that needs more shared memory or registers than this GPU has
+    (a smaller-LDS part, fp32 inputs) is shrunk with a warning, never turned
+    into a Triton error for the user; the fitted config is remembered."""
+    name = getattr(getattr(kernel, "fn", None), "__name__", None) or str(kernel)
+    variant = (name, tuple(sorted(cfg.items())), str(args[0].dtype),
+               tuple(sorted((k, v) for k, v in kwargs.items() if k.isupper())))
+    cfg = _FITTED_CONFIGS.get(variant, cfg)
+    while True:
+        grid = (triton.cdiv(span, cfg[tile_key]),) + tuple(grid_tail)
+        try:
+            kernel[grid](*args, **kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg))
+            return cfg
+        except OutOfResources as err:
+            smaller = _shrink(cfg)
+            if smaller is None:
+                raise
+            warnings.warn(f"fa_amd: {name} with {cfg} does not fit this GPU ({err}); using {smaller}, "
+                          "which is slower. `fa-amd tune` finds the best config that fits.", stacklevel=3)
+            cfg = _FITTED_CONFIGS[variant] = smaller
+
+
 def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
                 max_seqlen_q, max_seqlen_k):
     """Runtime scalars + constexpr flags shared by every kernel launch."""
@@ -651,6 +696,25 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     probs = q.new_zeros(probs_shape)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         return out, lse, probs
+    d_pad = head_dim_padded(d)
+    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
+    scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
+                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    common = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+    _launch(attn_fwd_kernel, cfg, "BLOCK_M", max_seqlen_q, (hq, batch), (
+        q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
+        *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
+        *_lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common))
+    if return_probs:
+        scalars.pop("SeedState")
+        seed_state = rng_state if flags["HAS_DROPOUT"] else q
+        _launch(attn_probs_kernel, cfg, "BLOCK_M", max_seqlen_q, (hq, batch), (
+            q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
+            *_row_strides(q, varlen), *_row_strides(k, varlen), *_lse_strides(lse, varlen),
+            probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
+    return out, lse, probs
     d_pad = head_dim_padded(d)
     cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
@@ -716,22 +780,17 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     atomic_dq = not deterministic and max_seqlen_q > 0
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
     if max_seqlen_k > 0:
-        cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
-        attn_bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, cfg["BLOCK_N"]), hk, batch)](
-            q, k, v, dout, lse, delta, dk, dv, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
-            *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_row_strides(dq_accum, varlen),
-            *_lse_strides(lse, varlen),
-            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args, ATOMIC_DQ=atomic_dq,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
-        )
+        _launch(attn_bwd_dkdv_kernel, cfgs["dkdv_atomic" if atomic_dq else "dkdv"], "BLOCK_N", max_seqlen_k,
+                (hk, batch), (
+                    q, k, v, dout, lse, delta, dk, dv, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
+                    *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen),
+                    *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
+                dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args, ATOMIC_DQ=atomic_dq))
     if atomic_dq:
         dq.copy_(dq_accum)
     elif max_seqlen_q > 0:
-        cfg = cfgs["dq"]
-        attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), hq, batch)](
+        _launch(attn_bwd_dq_kernel, cfgs["dq"], "BLOCK_M", max_seqlen_q, (hq, batch), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
-            *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen),
-            keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg),
-        )
+            *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args))
     return dq, dk, dv

@@ -34,6 +34,10 @@ def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = Fa
     """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if arch.backend in ("hip", "cuda"):
+        from . import autotune
+
+        autotune.ensure_tuned(arch, head_dim_padded)  # no-op unless FA_AMD_AUTOTUNE=1
     family = family_of(arch)
     rows = _overrides().get(family) or TABLES[family]
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])

@@ -147,3 +147,33 @@ def test_cpu_tensors_without_interpreter(monkeypatch):
     q, k, v = _qkv("cpu")
     _raises(ValueError, "CPU tensor but fa_amd's kernels need a GPU.*TRITON_INTERPRET=1", fa_amd.flash_attn_func,
             q, k, v)
+
+
+def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
+    """A table entry that does not fit the GPU (OutOfResources) is shrunk with a
+    warning and remembered, never raised to the user as a Triton error."""
+    from triton.runtime.errors import OutOfResources
+
+    import fa_amd.kernels.attention as attention_kernels
+
+    monkeypatch.setattr(attention_kernels, "_FITTED_CONFIGS", {})
+    launches = []
+
+    class SharedMemoryHungryKernel:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launches.append((grid, kwargs["BLOCK_N"], kwargs["num_stages"]))
+                if kwargs["num_stages"] > 1 or kwargs["BLOCK_N"] > 32:
+                    raise OutOfResources(200000, 101376, "shared memory")
+            return run
+
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    args = (torch.zeros(1),)
+    kernel = SharedMemoryHungryKernel()
+    with pytest.warns(UserWarning, match="does not fit this GPU"):
+        used = attention_kernels._launch(kernel, cfg, "BLOCK_M", 100, (2, 1), args, {"HEAD_DIM": 64})
+    assert used == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    assert launches[-1] == ((2, 2, 1), 32, 1)
+    launches.clear()
+    attention_kernels._launch(kernel, cfg, "BLOCK_M", 100, (2, 1), args, {"HEAD_DIM": 64})
+    assert len(launches) == 1, "the fitted config is remembered"
