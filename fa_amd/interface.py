@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -140,6 +141,12 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return
+    # a model calls varlen attention once per layer with the same cu_seqlens:
+    # check each tensor (at its current version) once instead of syncing per layer
+    key = (max_seqlen, total)
+    seen = _VALIDATED_CU_SEQLENS.get(id(cu))
+    if seen is not None and seen[0]() is cu and seen[1] == cu._version and key in seen[2]:
+        return
     lengths = cu[1:] - cu[:-1]
     first, last, min_len, max_len = torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist()
     if first != 0:
@@ -150,6 +157,16 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
     if max_len > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
+    if seen is None or seen[0]() is not cu or seen[1] != cu._version:
+        if len(_VALIDATED_CU_SEQLENS) > 256:
+            for dead in [k for k, v in _VALIDATED_CU_SEQLENS.items() if v[0]() is None]:
+                del _VALIDATED_CU_SEQLENS[dead]
+        seen = _VALIDATED_CU_SEQLENS[id(cu)] = (weakref.ref(cu), cu._version, set())
+    seen[2].add(key)
+
+
+# id(cu_seqlens) -> (weakref, tensor version, {(max_seqlen, total) checked})
+_VALIDATED_CU_SEQLENS = {}
 
 
 def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:

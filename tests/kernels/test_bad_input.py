@@ -177,3 +177,11 @@ def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
     launches.clear()
     attention_kernels._launch(kernel, cfg, "BLOCK_M", 100, (2, 1), args, {"HEAD_DIM": 64})
     assert len(launches) == 1, "the fitted config is remembered"
+
+
+def test_cu_seqlens_checked_again_after_inplace_change(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = cu_seqlens([3, 5], device)
+    fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)  # valid: remembered
+    cu[1] = 6  # same tensor object, new contents (version bumps)
+    _raises(ValueError, "max_seqlen_q = 5 is smaller", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 5, 6)
