@@ -461,5 +461,6 @@ def test_training_steps_decrease_loss(family, device):
             losses.append(loss.item())
     finally:
         revert_fa_amd_patches()
+    print(f"{family} fa_amd+fused-rope+packing+dropout losses:", [round(x, 4) for x in losses])
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.1, losses

@@ -23,7 +23,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for
 from ..tuning import get_bwd_config, get_fwd_config
-from .score_mods import LN2, LOG2E, dropout_keep, score_log2, seq_bounds
+from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
 
 @triton.jit
@@ -164,14 +164,8 @@ def attn_fwd_kernel(
     q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
                 mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
-    slope_log2 = 0.0
-    if HAS_ALIBI:
-        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
-    seed = 0
-    seed_offset = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SeedState)
-        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     bh = b * tl.num_programs(1) + h
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -338,11 +332,7 @@ def attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
 
-    seed = 0
-    seed_offset = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SeedState)
-        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     lo, full_lo, full_hi, hi = _query_ranges(n0, q_len, k_len, diag, win_left, win_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     num_heads = tl.num_programs(1) * GROUP
@@ -350,9 +340,7 @@ def attn_bwd_dkdv_kernel(
     # in registers (no atomics -> deterministic).
     for g in range(GROUP):
         h = hk * GROUP + g
-        slope_log2 = 0.0
-        if HAS_ALIBI:
-            slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+        slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
         bh = b * num_heads + h
         Q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
         DO_head = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
@@ -465,14 +453,8 @@ def attn_bwd_dq_kernel(
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
 
-    slope_log2 = 0.0
-    if HAS_ALIBI:
-        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
-    seed = 0
-    seed_offset = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SeedState)
-        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     bh = b * tl.num_programs(1) + h
 
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -541,14 +523,8 @@ def attn_probs_kernel(
     lse_log2 = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m,
                        mask=row_mask, other=float("inf")) * LOG2E
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
-    slope_log2 = 0.0
-    if HAS_ALIBI:
-        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
-    seed = 0
-    seed_offset = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SeedState)
-        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     bh = b * tl.num_programs(1) + h
     P_head = Probs + b64 * stride_pb + h.to(tl.int64) * stride_ph
     for start_n in range(0, k_len, BLOCK_N):

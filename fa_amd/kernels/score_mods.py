@@ -80,3 +80,23 @@ def dropout_keep(seed, seed_offset, bh, rows, cols, keep_threshold):
     r, _, _, _ = tl.philox(seed, cols + zero, rows + zero, zero + bh, zero + seed_offset, PHILOX_ROUNDS)
     # 24 random bits against round(p * 2**24): exact in int32, no float rounding.
     return (r >> 8).to(tl.int32) >= keep_threshold
+
+
+@triton.jit
+def alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI: tl.constexpr):
+    """ALiBi slope of (batch b, head h) in log2 units; stride_ab is 0 for per-head slopes."""
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * LOG2E
+    return slope_log2
+
+
+@triton.jit
+def dropout_seed(SeedState, HAS_DROPOUT: tl.constexpr):
+    """(seed, offset) of this call's Philox stream, read from the device tensor torch drew."""
+    seed = 0
+    seed_offset = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SeedState)
+        seed_offset = tl.load(SeedState + 1).to(tl.int32)
+    return seed, seed_offset

@@ -32,16 +32,16 @@ def grads(out, inputs, dout):
     return torch.autograd.grad(out, inputs, dout, allow_unused=False)
 
 
-def compare_dense(fa_fn, q, k, v, dout=None, check_grads=True, **kw):
-    """Run fa_fn(q, k, v) and the references; assert output (and grads) within tolerance."""
+def _compare(fa_fn, ref_fn, q, k, v, dout, check_grads):
+    """Run fa_fn(q, k, v) and ref_fn in float64 and in the inputs' dtype; assert output and grads."""
     dtype = q.dtype
     out = fa_fn(q, k, v)
     if isinstance(out, tuple):
         out = out[0]
     leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
     leaves_lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    ref64, _ = attention_ref(*leaves64, **kw)
-    ref_lp, _ = attention_ref(*leaves_lp, upcast=False, **kw)
+    ref64, _ = ref_fn(*leaves64)
+    ref_lp, _ = ref_fn(*leaves_lp, upcast=False)
     assert_close_to_ref("out", out, ref64, ref_lp, dtype)
     if not check_grads:
         return out
@@ -55,26 +55,16 @@ def compare_dense(fa_fn, q, k, v, dout=None, check_grads=True, **kw):
     return out
 
 
+def compare_dense(fa_fn, q, k, v, dout=None, check_grads=True, **kw):
+    """Dense fa_fn(q, k, v) vs attention_ref(**kw): output and gradients within tolerance."""
+    return _compare(fa_fn, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v, dout, check_grads)
+
+
 def cu_seqlens(lengths, device):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
 
-def compare_varlen(fa_fn, q, k, v, cu_q, cu_k, check_grads=True, **kw):
-    dtype = q.dtype
-    out = fa_fn(q, k, v)
-    if isinstance(out, tuple):
-        out = out[0]
-    leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    leaves_lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    ref64, _ = attention_varlen_ref(*leaves64, cu_q, cu_k, **kw)
-    ref_lp, _ = attention_varlen_ref(*leaves_lp, cu_q, cu_k, upcast=False, **kw)
-    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
-    if not check_grads:
-        return out
-    dout = torch.randn_like(out)
-    g = grads(out, (q, k, v), dout)
-    g64 = grads(ref64, leaves64, dout.double())
-    g_lp = grads(ref_lp.to(dtype), leaves_lp, dout)
-    for name, a, b, c in zip(("dq", "dk", "dv"), g, g64, g_lp):
-        assert_close_to_ref(name, a, b, c, dtype)
-    return out
+def compare_varlen(fa_fn, q, k, v, cu_q, cu_k, dout=None, check_grads=True, **kw):
+    """Varlen fa_fn(q, k, v) vs attention_varlen_ref(**kw): output and gradients within tolerance."""
+    return _compare(fa_fn, lambda *x, **up: attention_varlen_ref(*x, cu_q, cu_k, **kw, **up), q, k, v, dout,
+                    check_grads)
