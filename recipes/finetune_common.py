@@ -642,7 +642,7 @@ def train(model_type: str, argv=None) -> dict:
         f"peak memory {summary.get('peak_mem_gb', 0):.2f} GB")
     if interpreting:
         log(accelerator, "that was the CPU smoke run. For the real thing run the same command on a machine with a "
-                         "ROCm or CUDA GPU: `accelerate launch recipes/finetune_llama.py` "
+                         f"ROCm or CUDA GPU: `accelerate launch recipes/finetune_{args.model_type}.py` "
                          "(multi-GPU: --config_file recipes/configs/multi_gpu_ddp.yaml; docs/RECIPES.md)")
     accelerator.end_training()
     return {"summary": summary, "output_dir": str(output_dir)}
