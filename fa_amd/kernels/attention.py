@@ -691,33 +691,6 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             *_row_strides(q, varlen), *_row_strides(k, varlen), *_lse_strides(lse, varlen),
             probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
     return out, lse, probs
-    d_pad = head_dim_padded(d)
-    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
-    scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
-                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
-    cu_q = cu_seqlens_q if varlen else q
-    cu_k = cu_seqlens_k if varlen else q
-    grid = (triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), hq, batch)
-    attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
-        *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
-        *_lse_strides(lse, varlen),
-        keep_scale=keep_scale, **scalars,
-        GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        IS_VARLEN=varlen, **flags, **_launch_options(cfg),
-    )
-    if return_probs:
-        scalars.pop("SeedState")
-        seed_state = rng_state if flags["HAS_DROPOUT"] else q
-        attn_probs_kernel[grid](
-            q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
-            *_row_strides(q, varlen), *_row_strides(k, varlen), *_lse_strides(lse, varlen),
-            probs.stride(0), probs.stride(1), probs.stride(2),
-            SeedState=seed_state, **scalars,
-            GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-            IS_VARLEN=varlen, **flags, **_launch_options(cfg),
-        )
-    return out, lse, probs
 
 
 def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
