@@ -11,9 +11,23 @@ from dataclasses import dataclass
 
 import torch
 
+import triton
+
 # Triton decides at decoration time whether @triton.jit builds an interpreted
 # function, so the switch is read once, when fa_amd is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split("+")[0].split(".")[:2])
+# Interpreters before triton 3.7 cannot run loops whose bounds come from
+# program ids (every fa_amd kernel has them); compiled kernels need only 3.2.
+MIN_INTERPRETER_TRITON = (3, 7)
+
+
+def check_interpreter_supported() -> None:
+    if INTERPRET and TRITON_VERSION < MIN_INTERPRETER_TRITON:
+        raise RuntimeError(
+            f"TRITON_INTERPRET=1 with triton {triton.__version__}: its interpreter cannot run fa_amd's kernels "
+            f"(loops with run-time bounds); use triton >= {'.'.join(map(str, MIN_INTERPRETER_TRITON))} for "
+            "CPU/interpreter runs, or unset TRITON_INTERPRET on a GPU")
 
 
 @dataclass(frozen=True)

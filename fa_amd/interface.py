@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.fa_amd.*)
-from .arch import INTERPRET
+from .arch import INTERPRET, check_interpreter_supported
 from .kernels.attention import MAX_GRID_YZ
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -50,6 +50,7 @@ def _check_qkv(q, k, v, varlen: bool):
         raise TypeError(f"q, k and v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     _check_device("k", k, q)
     _check_device("v", v, q)
+    check_interpreter_supported()
     if q.device.type == "cpu" and not INTERPRET:
         raise ValueError(
             "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "

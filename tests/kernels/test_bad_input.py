@@ -185,3 +185,12 @@ def test_cu_seqlens_checked_again_after_inplace_change(device):
     fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)  # valid: remembered
     cu[1] = 6  # same tensor object, new contents (version bumps)
     _raises(ValueError, "max_seqlen_q = 5 is smaller", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 5, 6)
+
+
+def test_old_triton_interpreter_gets_a_clear_error(monkeypatch, device):
+    import fa_amd.arch as arch
+
+    monkeypatch.setattr(arch, "INTERPRET", True)
+    monkeypatch.setattr(arch, "TRITON_VERSION", (3, 6))
+    q, k, v = _qkv(device)
+    _raises(RuntimeError, "triton >= 3.7", fa_amd.flash_attn_func, q, k, v)
