@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from . import ops  # noqa: F401  (registers torch.ops.fa_amd.*)
 from .arch import INTERPRET, check_interpreter_supported
 from .kernels.attention import MAX_GRID_YZ
+from .memo import memo_per_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -142,14 +142,8 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return
-    # a model calls varlen attention once per layer with the same cu_seqlens:
-    # check each tensor (at its current version) once instead of syncing per layer
-    key = (max_seqlen, total)
-    seen = _VALIDATED_CU_SEQLENS.get(id(cu))
-    if seen is not None and seen[0]() is cu and seen[1] == cu._version and key in seen[2]:
-        return
-    lengths = cu[1:] - cu[:-1]
-    first, last, min_len, max_len = torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist()
+    # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
+    first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:
         raise ValueError(f"{name}[0] must be 0, got {first}")
     if min_len < 0:
@@ -158,16 +152,12 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
     if max_len > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
-    if seen is None or seen[0]() is not cu or seen[1] != cu._version:
-        if len(_VALIDATED_CU_SEQLENS) > 256:
-            for dead in [k for k, v in _VALIDATED_CU_SEQLENS.items() if v[0]() is None]:
-                del _VALIDATED_CU_SEQLENS[dead]
-        seen = _VALIDATED_CU_SEQLENS[id(cu)] = (weakref.ref(cu), cu._version, set())
-    seen[2].add(key)
 
 
-# id(cu_seqlens) -> (weakref, tensor version, {(max_seqlen, total) checked})
-_VALIDATED_CU_SEQLENS = {}
+def _cu_seqlens_stats(cu):
+    """(first, last, shortest, longest segment) in one device->host copy."""
+    lengths = cu[1:] - cu[:-1]
+    return tuple(torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist())
 
 
 def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:

@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch
 
+from fa_amd.memo import memo_per_tensor
+
 logger = logging.getLogger(__name__)
 
 # Keys a model may thread through **kwargs that do not change what attention
@@ -295,7 +297,8 @@ def fa_amd_attention_forward(
         )
         out = out.view(batch_size, -1, *out.shape[-2:])
     elif _is_packed(position_ids, batch_size):
-        cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids)
+        # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
+        cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
         out = flash_attn_varlen_func(
             query.reshape(-1, *query.shape[2:]),
             key.reshape(-1, *key.shape[2:]),
@@ -327,7 +330,9 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
     elif key.shape[1] < mask.shape[1]:
         raise ValueError(f"attention_mask covers {mask.shape[1]} keys but only {key.shape[1]} were given")
-    indices_k, cu_seqlens_k, max_seqlen_k = _unpad_from_mask(mask)
+    # every layer gets the same mask object: unpad (a device->host sync) once per forward
+    indices_k, cu_seqlens_k, max_seqlen_k = memo_per_tensor(
+        attention_mask, ("unpad", str(query.device)), lambda _: _unpad_from_mask(mask))
     key_unpadded = _gather_tokens(key, indices_k)
     value_unpadded = _gather_tokens(value, indices_k)
 
@@ -343,7 +348,9 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
     else:
         # Chunked prefill on top of a cache: the new tokens are the last
         # query_length mask columns (Transformers pads on the left for generation).
-        indices_q, cu_seqlens_q, max_seqlen_q = _unpad_from_mask(mask[:, -query_length:])
+        indices_q, cu_seqlens_q, max_seqlen_q = memo_per_tensor(
+            attention_mask, ("unpad_tail", query_length, str(query.device)),
+            lambda _: _unpad_from_mask(mask[:, -query_length:]))
         query_unpadded = _gather_tokens(query, indices_q)
 
     out = flash_attn_varlen_func(

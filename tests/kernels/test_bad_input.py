@@ -194,3 +194,34 @@ def test_old_triton_interpreter_gets_a_clear_error(monkeypatch, device):
     monkeypatch.setattr(arch, "TRITON_VERSION", (3, 6))
     q, k, v = _qkv(device)
     _raises(RuntimeError, "triton >= 3.7", fa_amd.flash_attn_func, q, k, v)
+
+
+def test_memo_per_tensor_invalidates_on_inplace_write():
+    from fa_amd.memo import memo_per_tensor
+
+    calls = []
+
+    def total(t):
+        calls.append(1)
+        return int(t.sum())
+
+    x = torch.arange(4)
+    assert memo_per_tensor(x, "sum", total) == 6
+    assert memo_per_tensor(x, "sum", total) == 6 and len(calls) == 1
+    x[0] = 10
+    assert memo_per_tensor(x, "sum", total) == 16 and len(calls) == 2
+    assert memo_per_tensor(x.clone(), "sum", total) == 16 and len(calls) == 3
+
+
+def test_memo_entry_dies_with_its_tensor():
+    import gc
+
+    from fa_amd import memo
+
+    x = torch.arange(3)
+    memo.memo_per_tensor(x, "len", lambda t: t.numel())
+    key = (id(x), "len")
+    assert key in memo._entries
+    del x
+    gc.collect()
+    assert key not in memo._entries
