@@ -649,6 +649,11 @@ def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_lef
     return scalars, flags, keep_scale
 
 
+def _kernel_args(hq, hk, d, d_pad, varlen, flags):
+    """GQA ratio, head dims, layout and feature flags: shared by every attention launch."""
+    return dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+
+
 def _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -678,7 +683,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
-    common = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+    common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
     _launch(attn_fwd_kernel, cfg, "BLOCK_M", max_seqlen_q, (hq, batch), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
@@ -716,7 +721,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = _new_output(lse, lse.shape)
-    common_args = dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+    common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
         bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), hq, batch)](
@@ -734,12 +739,12 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     q, k, v, dout, lse, delta, dk, dv, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
                     *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen),
                     *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
-                dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args, ATOMIC_DQ=atomic_dq))
+                dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common, ATOMIC_DQ=atomic_dq))
     if atomic_dq:
         dq.copy_(dq_accum)
     elif max_seqlen_q > 0:
         _launch(attn_bwd_dq_kernel, cfgs["dq"], "BLOCK_M", max_seqlen_q, (hq, batch), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common_args))
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
     return dq, dk, dv
