@@ -7,6 +7,7 @@ Throughput (default): tokens/s and peak memory of a full training step
 
     python recipes/bench_train.py                                  # 8 layers, hidden 2048, 16/4 heads, bf16
     python recipes/bench_train.py --seq-lens 2048 8192 --attn fa_amd sdpa
+    python recipes/bench_train.py --data fixed --seq-lens 4096 --batch-tokens 8192 --modes padded   # (2, 4096) step
 
 Loss curves (``--compare-loss``): the same model init, the same batches and
 dropout 0 trained with each implementation for ``--steps`` steps; reports
@@ -52,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
-    parser.add_argument("--data", choices=("synthetic", "corpus"), default=None,
+    parser.add_argument("--data", choices=("synthetic", "fixed", "corpus"), default=None,
                         help="synthetic (throughput default): random tokens, lengths uniform in [seq-len/4, seq-len], "
-                             "so every seq-len is really exercised; corpus (--compare-loss default): the built-in "
-                             "text, which a model can learn, so the curves mean something")
+                             "so every seq-len is really exercised; fixed: random tokens, every sample exactly "
+                             "seq-len long (the plain (batch, seq-len) step: no padding, no packing boundaries "
+                             "inside a sample); corpus (--compare-loss default): the built-in text, which a model "
+                             "can learn, so the curves mean something")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                         help="throughput: weights and optimizer in this dtype; --compare-loss: autocast dtype over "
                              "fp32 weights (default: bf16 on GPU, fp32 on CPU)")
@@ -134,7 +137,7 @@ def make_samples(args, seq_len: int, count_tokens: int):
     vocab = VocabOnly(common.BUILTIN_VOCAB_SIZE)
     samples, total = [], 0
     while total < count_tokens:
-        length = rng.randint(max(2, seq_len // 4), seq_len)
+        length = seq_len if args.data == "fixed" else rng.randint(max(2, seq_len // 4), seq_len)
         samples.append([rng.randrange(2, vocab.vocab_size) for _ in range(length)])
         total += length
     return samples, vocab
