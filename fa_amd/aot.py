@@ -71,7 +71,7 @@ _RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves, so eve
               "kernel keeps resident (fwd: q; dkdv: k, v; dq: q, dO) costs d/2 of the 256 VGPRs of a "
               "wave32 lane; no tile size fits these rows, it needs a kernel change (reload per block)")
 KNOWN_SCRATCH: Dict[tuple, str] = {
-    **{("gfx1100", kernel, d): _RDNA_WMMA for kernel in ("dkdv", "dkdv_atomic") for d in (64, 128, 256)},
+    **{("gfx1100", kernel, d): _RDNA_WMMA for kernel in ("dkdv", "dkdv_atomic") for d in (128, 256)},
     ("gfx1100", "dq", 128): _RDNA_WMMA,
     ("gfx1100", "dq", 256): _RDNA_WMMA,
     ("gfx1100", "fwd", 256): _RDNA_WMMA,
@@ -142,8 +142,9 @@ def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     return bm * (d_pad + bn)
 
 
-def default_config(target: str, kernel: str, d_pad: int) -> Dict:
+def default_config(target: str, kernel: str, d_pad: int, causal: bool = False) -> Dict:
     """Launch dict from the default tables (tuned overrides ignored) as the launcher would pass it."""
+    from .tuning import resolve_entry
     from .tuning.tables import HIP_ONLY_OPTIONS, TABLES
 
     table_kernel = _TABLE_KERNEL[kernel]
@@ -153,11 +154,16 @@ def default_config(target: str, kernel: str, d_pad: int) -> Dict:
     row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
     # a row without a dkdv_atomic entry uses its dkdv one (as fa_amd.tuning.get_config does)
     entry = row.get(table_kernel) or row["dkdv"]
-    cfg = {k: v for k, v in entry.items() if k != "fp32"}
+    cfg = resolve_entry(entry, causal=causal)
     if TARGETS[target][0] != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
     return cfg
+
+
+def _is_causal(variant: str) -> bool:
+    """Variants with a right window edge launch with the table's "causal" override, as the launcher does."""
+    return bool(VARIANTS.get(variant, {}).get("HAS_RIGHT"))
 
 
 def _d_pad(head_dim: int) -> int:
@@ -188,7 +194,7 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
                 continue
             rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH]
             if rows:
-                heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d), d))
+                heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d, causal=True), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
             # plain: the variant every known row spills in (all-features sometimes allocates luckier)
             jobs += [CompileJob(t, k, d, dtype, "plain") for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH]
@@ -204,7 +210,7 @@ _FLOAT_SCALARS = ("qk_scale_log2", "softcap_div", "softcap_log2", "keep_scale", 
 # pointers and these ints are multiples of 16 in every real launch (contiguous
 # heads of a padded-to-16 head dim), and Triton specializes on that at run time,
 # so the AOT build gets the same hint to produce the same (vectorized) code
-_NOT_DIVISIBLE = ("stride_ab", "win_left", "win_right", "keep_threshold", "GROUP")
+_NOT_DIVISIBLE = ("stride_ab", "win_left", "win_right", "keep_threshold", "GROUP", "heads_per_prog")
 
 
 def _signature(fn, constexprs: Dict, dtype: str):
@@ -289,7 +295,7 @@ def _compile_one(job: CompileJob) -> CompileResult:
     from .kernels import attention
 
     backend, arch, warp = TARGETS[job.target]
-    cfg = job.config or default_config(job.target, job.kernel, _d_pad(job.head_dim))
+    cfg = job.config or default_config(job.target, job.kernel, _d_pad(job.head_dim), _is_causal(job.variant))
     result = CompileResult(job.target, job.kernel, job.name, config=cfg)
     fn = getattr(attention, _KERNEL_FN[job.kernel])
     constexprs = _job_constexprs(job, fn, cfg)

@@ -70,6 +70,7 @@ def arch_for(tensor: torch.Tensor) -> Arch:
 
 
 def num_sms(tensor: torch.Tensor) -> int:
+    """Streaming multiprocessors / compute units: how many programs run at once."""
     if tensor.device.type == "cpu":
-        return 4
+        return 1  # the interpreter runs one program at a time
     return torch.cuda.get_device_properties(tensor.device).multi_processor_count

@@ -83,16 +83,20 @@ class Result:
     note: str = ""
 
 
-def shapes(quick: bool = False, smoke: bool = False) -> List[Shape]:
+def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None) -> List[Shape]:
+    """Benchmark rows; `head_dims` keeps only those dense rows (the d128 GQA and
+    varlen rows come with 128), so a long run can be split and merged later."""
     if smoke:
         return [Shape(1, 64, 2, 2, 32, False), Shape(1, 64, 2, 1, 32, True),
                 Shape(1, 96, 2, 2, 32, True, doc_lens=[16, 48, 32])]
     dims, seqlens = ((128,), (1024, 4096)) if quick else (HEAD_DIMS, SEQLENS)
+    dims = [d for d in dims if head_dims is None or d in head_dims]
     out = [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal)
            for d in dims for causal in (False, True) for s in seqlens]
-    gqa_seqlens = (4096,) if quick else (2048, 8192)
-    out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
-    out.append(Shape(1, max(VARLEN_DOCS), 16, 16, 128, True, doc_lens=list(VARLEN_DOCS)))
+    if 128 in dims:
+        gqa_seqlens = (4096,) if quick else (2048, 8192)
+        out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
+        out.append(Shape(1, max(VARLEN_DOCS), 16, 16, 128, True, doc_lens=list(VARLEN_DOCS)))
     return out
 
 
@@ -331,9 +335,9 @@ def environment(device) -> Dict:
     return env
 
 
-def run(methods, dtype, device, quick=False, smoke=False, log=print) -> List[Result]:
+def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None) -> List[Result]:
     results = []
-    for shape in shapes(quick, smoke):
+    for shape in shapes(quick, smoke, head_dims):
         log(f"{shape.label}")
         for method in methods:
             method_results = bench_method(method, shape, dtype, device, smoke)
@@ -450,16 +454,43 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="methods to run (default: all; unavailable ones print n/a)")
     parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here")
     parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
-    parser.add_argument("--from-json", metavar="PATH", help="do not run; report a results.json from an earlier run")
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
+                        help="only these dense head dims (GQA and varlen rows come with 128); "
+                             "to split a long run, then merge the parts with --from-json")
+    parser.add_argument("--from-json", metavar="PATH", nargs="+",
+                        help="do not run; report results.json files from earlier runs (several: merged, "
+                             "all from one GPU)")
+
+
+def _read_json(path: str) -> Dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def merge_payloads(payloads: List[Dict]) -> Dict:
+    """One report from runs split by --head-dims: same GPU, software and dtype required."""
+    first = payloads[0]
+    for other in payloads[1:]:
+        for key in ("gpu", "torch", "triton"):
+            if other["environment"].get(key) != first["environment"].get(key):
+                raise ValueError(f"parts differ in {key}: {first['environment'].get(key)} vs "
+                                 f"{other['environment'].get(key)}")
+        if other["dtype"] != first["dtype"]:
+            raise ValueError(f"parts differ in dtype: {first['dtype']} vs {other['dtype']}")
+    if len(payloads) == 1:
+        return first
+    env = dict(first["environment"])
+    env["date"] = " .. ".join(sorted({p["environment"]["date"] for p in payloads}))
+    return {"environment": env, "dtype": first["dtype"], "seconds": sum(p.get("seconds", 0.0) for p in payloads),
+            "results": [r for p in payloads for r in p["results"]]}
 
 
 def run_cli(args) -> int:
     if args.from_json:
         try:
-            with open(args.from_json) as f:
-                payload = json.load(f)
+            payload = merge_payloads([_read_json(path) for path in args.from_json])
         except (OSError, ValueError) as exc:
-            print(f"error: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            print(f"error: cannot use {' '.join(args.from_json)}: {exc}", file=sys.stderr)
             return 2
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -477,7 +508,7 @@ def run_cli(args) -> int:
         print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
               f"{args.dtype}")
         start = time.perf_counter()
-        results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke)
+        results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims)
         payload = {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
                    "results": [asdict(r) for r in results]}
     results = [Result(**r) for r in payload["results"]]

@@ -11,8 +11,13 @@ dropout.  Loops over key (or query) blocks are split in three ranges:
   [full_hi, hi)      diagonal / right edge / ragged tail       -> element mask
 and blocks outside [lo, hi) are never touched.
 
-The backward never uses atomics: dK/dV are accumulated per key block over all
-query heads of its KV group, dQ per query block, so it is deterministic.
+Backward: one dK/dV program per key block (and KV head, or slice of its
+query-head group), dQ either from a second kernel (deterministic=True: no
+atomics anywhere, bitwise reproducible) or accumulated with fp32 atomics in
+the dK/dV kernel (deterministic=False, flash-attn's default trade).  With GQA
+and too few key blocks to fill the GPU, each program takes only part of its
+KV head's query-head group and the partial dK/dV are summed afterwards (in
+fp32, in a fixed order: still deterministic).
 """
 import warnings
 
@@ -21,8 +26,9 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ..arch import arch_for
+from ..arch import arch_for, num_sms
 from ..tuning import get_bwd_config, get_fwd_config
+from ..tuning.tables import DKDV_MIN_PROGRAMS_PER_SM
 from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
 
@@ -306,14 +312,18 @@ def attn_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
-    hk = tl.program_id(1)
+    # program axis 1 = KV heads x group slices: this program sums query heads
+    # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
+    # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
+    pid_h = tl.program_id(1)
+    hk = pid_h * heads_per_prog // GROUP
     b = tl.program_id(2)
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
@@ -335,11 +345,11 @@ def attn_bwd_dkdv_kernel(
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     lo, full_lo, full_hi, hi = _query_ranges(n0, q_len, k_len, diag, win_left, win_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    num_heads = tl.num_programs(1) * GROUP
+    num_heads = tl.num_programs(1) * heads_per_prog
     # GQA: this KV head's gradient is the sum over its query heads, done here
     # in registers (no atomics -> deterministic).
-    for g in range(GROUP):
-        h = hk * GROUP + g
+    for g in range(heads_per_prog):
+        h = pid_h * heads_per_prog + g
         slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
         bh = b * num_heads + h
         Q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
@@ -367,9 +377,9 @@ def attn_bwd_dkdv_kernel(
                                  HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
                                  HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
     dk = dk * sm_scale
-    tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+    tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
              + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+    tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
              + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
@@ -550,6 +560,9 @@ _LOG2E = 1.4426950408889634
 _DROPOUT_BITS = 24
 # Triton grids allow 65535 programs on axes 1 and 2 (heads, batch).
 MAX_GRID_YZ = 65535
+# None: split GQA groups in the dK/dV kernel when the GPU would be under-filled
+# (dkdv_heads_per_program); tests set an int to force a split.
+DKDV_HEADS_PER_PROGRAM = None
 # Tests set this so every output starts as NaN: an element a kernel forgets to
 # write then fails the comparison instead of passing on leftover memory.
 POISON_OUTPUTS = False
@@ -621,6 +634,20 @@ def _launch(kernel, cfg, tile_key, span, grid_tail, args, kwargs):
             cfg = _FITTED_CONFIGS[variant] = smaller
 
 
+def dkdv_heads_per_program(group: int, kv_programs: int, sms: int) -> int:
+    """Query heads one dK/dV program sums over: the whole GQA group (no extra
+    memory) unless that leaves fewer than DKDV_MIN_PROGRAMS_PER_SM programs per
+    SM; then the largest divisor of the group that reaches it (or 1). Split
+    programs write fp32 partial dK/dV that are summed afterwards."""
+    if DKDV_HEADS_PER_PROGRAM is not None:
+        return DKDV_HEADS_PER_PROGRAM
+    target = DKDV_MIN_PROGRAMS_PER_SM * sms
+    for per_program in range(group, 0, -1):
+        if group % per_program == 0 and kv_programs * (group // per_program) >= target:
+            return per_program
+    return 1
+
+
 def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
                 max_seqlen_q, max_seqlen_k):
     """Runtime scalars + constexpr flags shared by every kernel launch."""
@@ -678,9 +705,10 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         return out, lse, probs
     d_pad = head_dim_padded(d)
-    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    # causal / right-windowed rows see fewer keys: the table may pick smaller tiles for them
+    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
@@ -715,9 +743,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     if max_seqlen_q == 0:
         dq.zero_()
     d_pad = head_dim_padded(d)
-    cfgs = get_bwd_config(arch_for(q), d_pad, q.dtype == torch.float32)
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    cfgs = get_bwd_config(arch_for(q), d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = _new_output(lse, lse.shape)
@@ -734,12 +762,27 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     atomic_dq = not deterministic and max_seqlen_q > 0
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
     if max_seqlen_k > 0:
-        _launch(attn_bwd_dkdv_kernel, cfgs["dkdv_atomic" if atomic_dq else "dkdv"], "BLOCK_N", max_seqlen_k,
-                (hk, batch), (
-                    q, k, v, dout, lse, delta, dk, dv, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
-                    *strides_in, *_row_strides(dk, varlen), *_row_strides(dv, varlen),
-                    *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
-                dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common, ATOMIC_DQ=atomic_dq))
+        dkdv_cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
+        group = hq // hk
+        per_program = dkdv_heads_per_program(
+            group, triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]) * hk * batch, num_sms(q))
+        if per_program < group:
+            # partial sums per slice of the group, (.., hk * slices, d) in fp32
+            part_shape = (*k.shape[:-2], hq // per_program, d)
+            dk_out, dv_out = _new_output(k, part_shape, torch.float32), _new_output(v, part_shape, torch.float32)
+        else:
+            dk_out, dv_out = dk, dv
+        _launch(attn_bwd_dkdv_kernel, dkdv_cfg, "BLOCK_N", max_seqlen_k, (hq // per_program, batch), (
+            q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *_row_strides(dk_out, varlen), *_row_strides(dv_out, varlen),
+            *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **common,
+                 ATOMIC_DQ=atomic_dq))
+        if per_program < group:
+            # query head h belongs to KV head h // group: slices of one KV head are adjacent
+            slices = group // per_program
+            dk.copy_(dk_out.unflatten(-2, (hk, slices)).sum(-2))
+            dv.copy_(dv_out.unflatten(-2, (hk, slices)).sum(-2))
     if atomic_dq:
         dq.copy_(dq_accum)
     elif max_seqlen_q > 0:

@@ -30,7 +30,21 @@ def _overrides():
     return autotune.load_tuned_table()
 
 
-def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False) -> Dict:
+# per-case overrides a table entry may hold, applied in this order
+OVERRIDES = ("causal", "fp32")
+
+
+def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False) -> Dict:
+    """A table entry as a launch dict: its "causal" override applied for causal
+    (or right-windowed) attention, its "fp32" override for fp32 inputs."""
+    cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
+    for name, wanted in (("causal", causal), ("fp32", is_fp32)):
+        if wanted and entry.get(name):
+            cfg.update(entry[name])
+    return cfg
+
+
+def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict:
     """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -42,10 +56,7 @@ def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = Fa
     rows = _overrides().get(family) or TABLES[family]
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
     # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
-    cfg = dict(row.get(kernel) or row["dkdv"])
-    fp32 = cfg.pop("fp32", None)
-    if is_fp32 and fp32:
-        cfg.update(fp32)
+    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
@@ -53,9 +64,9 @@ def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = Fa
     return cfg
 
 
-def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> Dict:
-    return get_config(arch, "fwd", head_dim_padded, is_fp32)
+def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict:
+    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal)
 
 
-def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False) -> Dict[str, Dict]:
-    return {k: get_config(arch, k, head_dim_padded, is_fp32) for k in ("dkdv", "dq", "dkdv_atomic")}
+def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
+    return {k: get_config(arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}

@@ -7,8 +7,10 @@ whose head_dim >= the problem's padded head dim wins.
 Each row holds "fwd", "dkdv" and "dq" launch dicts: BLOCK_M / BLOCK_N (tile
 sizes, constexpr), num_warps, num_stages, and -- in HIP rows only, because only
 the AMD backend accepts them -- waves_per_eu, matrix_instr_nonkdim and kpack.
-An optional "fp32" dict per kernel overrides fields for fp32 inputs (twice the
-shared memory per tile).
+Optional override dicts per kernel: "causal" (causal or right-windowed
+attention, where rows see fewer keys and smaller tiles waste less on the
+diagonal) and "fp32" (fp32 inputs: twice the shared memory per tile), applied
+in that order (fa_amd.tuning.resolve_entry).
 
 Numbers for sm90 were measured on an H100 (docs/PERFORMANCE.md, docs/TUNING_NOTES.md);
 AMD rows are starting points chosen to compile with zero scratch for their
@@ -16,6 +18,13 @@ target (checked in CI by `fa-amd compile`, tests/test_aot_amd.py) and to keep
 the register budget of 64-wide wavefronts; `fa-amd tune` refines them on the
 user's GPU.
 """
+
+# GQA backward: when the dK/dV grid (key blocks x KV heads x batch) gives fewer
+# programs than this per SM/CU, each program takes a slice of its KV head's
+# query-head group instead of all of it (fa_amd.kernels.attention.dkdv_heads_per_program):
+# more, shorter programs fill the GPU and balance causal tails, at the cost of
+# fp32 partial dK/dV buffers summed afterwards.
+DKDV_MIN_PROGRAMS_PER_SM = 4
 
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
 
@@ -28,20 +37,27 @@ TABLES = {
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
     ],
+    # H100 sweeps 2026-11-22 (bf16, b*s=16k, hidden 2048; TFLOP/s; docs/TUNING_NOTES.md v4):
+    # long non-causal rows want big tiles, causal / short rows 64x64 ones (less
+    # diagonal waste, more programs); dK/dV 64x128/w8/s3 won at every length.
     "sm90": [
+        # fwd s16k: 128x64/w8 425 vs 128x64/w4 409; causal s1k: 64x64/w4 283 vs 248
         {"head_dim": 64,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
+                 "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
-        # H100 sweep 2026-11-22 (bf16, b*s=16k, hidden 2048, s=4096): fwd 128x128/w8/s3 484 TFLOP/s
-        # (128x64/w8/s3: 472); atomic-dQ dK/dV 32x128/w8/s3 350 fwd+bwd (w4: 141, spills)
+        # fwd s16k: 128x128/w8 488 vs 64x64/w4 466; causal s1k: 64x64/w4 318 vs 262, s4k 439 vs 396;
+        # dK/dV (atomic dQ) s16k 402 vs 32x128: 335; deterministic dQ 128x64/w8/s3 361 vs 128x32/s2 273
         {"head_dim": 128,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"BLOCK_N": 64, "num_stages": 2}},
-         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-         "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+                 "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, "fp32": {"BLOCK_N": 32, "num_stages": 2}},
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+         "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}},
+        # fwd 128x64/w8/s2 437 (causal s4k) vs 64x64/w8/s2 229; dK/dV 32x64/w8/s2 155 vs s1 97
         {"head_dim": 256,
-         "fwd": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "fp32": _FP32_HALF_N},
-         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "fp32": _FP32_HALF_N},
+         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}},
     ],
     "sm80": [

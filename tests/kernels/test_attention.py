@@ -225,6 +225,32 @@ def test_backward_is_deterministic(device):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("heads_per_program", [1, 2, 4])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic):
+    """dK/dV programs that sum only a slice of the GQA group (partial fp32 sums added afterwards)."""
+    monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
+    q, k, v = _dense(device, torch.float16, 2, 29, 41, 8, 2, 40)
+    compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
+                  causal=True)
+    lens_q, lens_k = [5, 0, 19], [9, 3, 30]
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q, k, v = (randn(sum(n), h, 40, dtype=torch.float16, device=device)
+               for n, h in ((lens_q, 8), (lens_k, 2), (lens_k, 2)))
+    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=19,
+                           max_seqlen_k=30, causal=True, deterministic=deterministic)
+    compare_varlen(fn, q, k, v, cu_q, cu_k, causal=True)
+
+
+def test_dkdv_split_rule():
+    from fa_amd.kernels.attention import dkdv_heads_per_program
+
+    assert dkdv_heads_per_program(4, kv_programs=10_000, sms=132) == 4  # full GPU: no split, no extra memory
+    assert dkdv_heads_per_program(4, kv_programs=256, sms=132) == 1  # anchor step: 256 -> 1024 programs
+    assert dkdv_heads_per_program(4, kv_programs=300, sms=132) == 2  # 600 >= 4 * 132
+    assert dkdv_heads_per_program(1, kv_programs=1, sms=132) == 1
+
+
 def test_arbitrary_strides_and_noncontiguous_dout(device):
     b, s, h, d = 2, 23, 4, 40
     # (b, h, s, d) storage viewed as (b, s, h, d): every stride but the last is unusual
