@@ -72,6 +72,8 @@ _RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves, so eve
               "wave32 lane; no tile size fits these rows, it needs a kernel change (reload per block)")
 KNOWN_SCRATCH: Dict[tuple, str] = {
     **{("gfx1100", kernel, d): _RDNA_WMMA for kernel in ("dkdv", "dkdv_atomic") for d in (128, 256)},
+    # the atomic-dQ variant keeps a dQ tile live too: 12-16 B at the smallest tile (16x16, 8 warps)
+    ("gfx1100", "dkdv_atomic", 64): _RDNA_WMMA,
     ("gfx1100", "dq", 128): _RDNA_WMMA,
     ("gfx1100", "dq", 256): _RDNA_WMMA,
     ("gfx1100", "fwd", 256): _RDNA_WMMA,
@@ -196,8 +198,11 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             if rows:
                 heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d, causal=True), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
-            # plain: the variant every known row spills in (all-features sometimes allocates luckier)
-            jobs += [CompileJob(t, k, d, dtype, "plain") for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH]
+            # known rows in both extremes: the allocator is not monotone in features (a row can
+            # spill plain and not with everything on, or the reverse), and an entry is stale
+            # only when neither spills
+            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH
+                     for v in ("plain", "all")]
     return jobs
 
 
