@@ -15,7 +15,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.fa_amd.*)
 from .arch import INTERPRET, check_interpreter_supported
-from .kernels.attention import MAX_GRID_YZ
+from .kernels.attention import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -79,6 +79,23 @@ def _check_qkv(q, k, v, varlen: bool):
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     # kernels take any strides except on the head dim; copy only in that case
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, varlen, return_attn_probs):
+    """q, k, v with token strides the kernels' 32-bit in-sequence offsets can address (copied where
+    needed), or a ValueError for shapes no layout fits."""
+    nheads_q, head_dim = q.shape[-2], q.shape[-1]
+    # out, dQ and the dK/dV work buffers hold nheads_q * head_dim elements per token
+    if not row_offsets_fit(max(max_seqlen_q, max_seqlen_k), nheads_q * head_dim, head_dim):
+        raise ValueError(
+            f"sequence length {max(max_seqlen_q, max_seqlen_k)} x nheads {nheads_q} x head dim {head_dim} "
+            f"exceeds the 2**31 elements fa_amd's kernels address within one sequence; split the heads "
+            f"over several calls")
+    if return_attn_probs and not row_offsets_fit(max_seqlen_q, max_seqlen_k, max_seqlen_k):
+        raise ValueError(f"return_attn_probs=True needs a {max_seqlen_q} x {max_seqlen_k} probability matrix per "
+                         f"head, over the 2**31 elements fa_amd addresses; use it on shorter sequences")
+    return (with_int32_row_offsets("q", q, max_seqlen_q, varlen), with_int32_row_offsets("k", k, max_seqlen_k, varlen),
+            with_int32_row_offsets("v", v, max_seqlen_k, varlen))
 
 
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
@@ -191,6 +208,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
     out, lse, probs = torch.ops.fa_amd.attention_fwd(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
         _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
@@ -244,6 +262,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, return_attn_probs)
     out, lse, probs = torch.ops.fa_amd.attention_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
         alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic)

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .kernels.attention import attention_backward, attention_forward
+from .kernels.attention import attention_backward, attention_forward, with_int32_row_offsets
 
 
 @torch.library.custom_op("fa_amd::attention_fwd", mutates_args=())
@@ -58,6 +58,7 @@ def attention_bwd(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    dout = with_int32_row_offsets("dout", dout, max_seqlen_q, cu_seqlens_q is not None)
     return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
                               alibi_slopes, rng_state, deterministic)

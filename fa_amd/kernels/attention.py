@@ -560,6 +560,27 @@ _LOG2E = 1.4426950408889634
 _DROPOUT_BITS = 24
 # Triton grids allow 65535 programs on axes 1 and 2 (heads, batch).
 MAX_GRID_YZ = 65535
+# Offsets inside one sequence are int32 in the kernels (row * row_stride + col),
+# which keeps the address math of the hot loops 32-bit; the per-sequence and
+# per-head bases are int64.  The entry points keep every tensor within this.
+MAX_ROW_OFFSET = 2 ** 31 - 1
+
+
+def row_offsets_fit(rows: int, row_stride: int, width: int) -> bool:
+    """Whether `rows` rows of `width` elements, `row_stride` apart, stay within int32 offsets."""
+    return rows <= 0 or (rows - 1) * row_stride + width - 1 <= MAX_ROW_OFFSET
+
+
+def with_int32_row_offsets(name: str, x: torch.Tensor, rows: int, varlen: bool) -> torch.Tensor:
+    """x, or a contiguous copy of it (with a warning) where its token stride would overflow int32 offsets
+    (e.g. a slice of a wide fused qkv tensor at a long sequence length)."""
+    row_stride = x.stride(0 if varlen else 1)
+    if row_offsets_fit(rows, row_stride, x.shape[-1]):
+        return x
+    warnings.warn(f"fa_amd: {name} has a token stride of {row_stride} elements, too large for the kernels' 32-bit "
+                  f"offsets over {rows} tokens; using a contiguous copy of {name} (extra memory and time).",
+                  stacklevel=3)
+    return x.contiguous()
 # None: split GQA groups in the dK/dV kernel when the GPU would be under-filled
 # (dkdv_heads_per_program); tests set an int to force a split.
 DKDV_HEADS_PER_PROGRAM = None

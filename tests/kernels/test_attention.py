@@ -270,6 +270,25 @@ def test_arbitrary_strides_and_noncontiguous_dout(device):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
+def test_token_stride_past_int32_offsets_is_copied(device):
+    # views whose token stride x length passes 2**31 elements (a slice of a very wide
+    # fused tensor at a long sequence): the kernels' 32-bit in-sequence offsets would
+    # wrap, so q is copied on the way in and dout in backward, with a warning
+    b, s, h, d = 1, 3, 2, 16
+    row_stride = 2 ** 30 + 7  # (s - 1) * row_stride > 2**31
+    # a 4 GiB fp16 storage that is never touched beyond the few rows written below
+    storage = torch.empty(row_stride * (s - 1) + 2 * h * d, device=device, dtype=torch.float16)
+    q, dout = (storage.as_strided((b, s, h, d), (s * row_stride, row_stride, d, 1), offset)
+               for offset in (0, h * d))
+    q.copy_(torch.randn(b, s, h, d))
+    dout.copy_(torch.randn(b, s, h, d))
+    q.requires_grad_()
+    k, v = (randn(b, s, h, d, dtype=torch.float16, device=device) for _ in range(2))
+    with pytest.warns(UserWarning, match="token stride") as record:
+        compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True), q, k, v, dout=dout, causal=True)
+    assert {str(w.message).split(" has ")[0] for w in record} >= {"fa_amd: q", "fa_amd: dout"}
+
+
 def test_packed_variants(device):
     b, s, h, d = 2, 19, 4, 40
     qkv = randn(b, s, 3, h, d, dtype=torch.float32, device=device)

@@ -225,3 +225,19 @@ def test_memo_entry_dies_with_its_tensor():
     del x
     gc.collect()
     assert key not in memo._entries
+
+
+def test_sequence_past_int32_offsets(device):
+    # 131073 keys x 128 query heads x d128: one token past the 2**31 elements per sequence that the
+    # dQ / dK work buffers (nheads_q x head_dim per token) may span (131072 keys fit exactly)
+    q = torch.randn(1, 1, 128, 128, device=device, dtype=torch.float16)
+    k = torch.randn(1, 131073, 1, 128, device=device, dtype=torch.float16)
+    _raises(ValueError, r"sequence length 131073 x nheads 128 x head dim 128 exceeds the 2\*\*31 elements",
+            fa_amd.flash_attn_func, q, k, k)
+    from fa_amd.kernels.attention import row_offsets_fit
+
+    assert row_offsets_fit(131072, 128 * 128, 128) and not row_offsets_fit(131073, 128 * 128, 128)
+    # the (seqlen_q x seqlen_k) probability matrix of return_attn_probs
+    q = torch.randn(1, 46341, 1, 16, device=device, dtype=torch.float16)
+    _raises(ValueError, r"return_attn_probs=True needs a 46341 x 46341 probability matrix",
+            fa_amd.flash_attn_func, q, q, q, return_attn_probs=True)
