@@ -205,6 +205,11 @@ def _is_packed(position_ids: Optional[torch.Tensor], batch_size: int) -> bool:
     """True when a batch-1 row holds several sequences (positions are not one arange)."""
     if position_ids is None or batch_size != 1 or position_ids.shape[-1] == 1:
         return False
+    # every layer asks about the same position_ids: one device->host sync per forward
+    return memo_per_tensor(position_ids, "is_packed", _positions_restart)
+
+
+def _positions_restart(position_ids: torch.Tensor) -> bool:
     row = position_ids.reshape(-1)
     expected = torch.arange(row.numel(), device=row.device) + row.min()
     return bool((expected != row).any())

@@ -178,6 +178,21 @@ def test_packed_position_ids_boundaries():
     assert cu.tolist() == [0, 3, 5, 9] and cu.dtype == torch.int32 and max_len == 4
 
 
+def test_packed_check_syncs_once_per_position_ids(monkeypatch):
+    # every layer sees the same position_ids: the packed-or-not check (a device->host
+    # sync) runs once per tensor, and again only for a new tensor or an in-place change
+    calls = []
+    real = hf_attention._positions_restart
+    monkeypatch.setattr(hf_attention, "_positions_restart", lambda p: calls.append(1) or real(p))
+    plain = torch.arange(3, 13).unsqueeze(0)
+    assert not any(hf_attention._is_packed(plain, 1) for _ in range(4)) and len(calls) == 1
+    packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])
+    assert all(hf_attention._is_packed(packed, 1) for _ in range(4)) and len(calls) == 2
+    packed[0, 4:] = torch.arange(4, 10)
+    assert not hf_attention._is_packed(packed, 1) and len(calls) == 3
+    assert not hf_attention._is_packed(packed, 2) and len(calls) == 3
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
