@@ -65,19 +65,12 @@ _KERNEL_FN = {
 }
 # Spills that no table row avoids with the current kernel code, and why.
 # Listed here they print as "known spill" and do not fail the check; the test
-# fails once one of them stops spilling, so the list cannot go stale.
-# key: (target, kernel, table row head_dim)
-_RDNA_WMMA = ("RDNA3 WMMA replicates each dot operand across lane halves, so every d-wide operand a "
-              "kernel keeps resident (fwd: q; dkdv: k, v; dq: q, dO) costs d/2 of the 256 VGPRs of a "
-              "wave32 lane; no tile size fits these rows, it needs a kernel change (reload per block)")
-KNOWN_SCRATCH: Dict[tuple, str] = {
-    **{("gfx1100", kernel, d): _RDNA_WMMA for kernel in ("dkdv", "dkdv_atomic") for d in (128, 256)},
-    # the atomic-dQ variant keeps a dQ tile live too: 12-16 B at the smallest tile (16x16, 8 warps)
-    ("gfx1100", "dkdv_atomic", 64): _RDNA_WMMA,
-    ("gfx1100", "dq", 128): _RDNA_WMMA,
-    ("gfx1100", "dq", 256): _RDNA_WMMA,
-    ("gfx1100", "fwd", 256): _RDNA_WMMA,
-}
+# fails once one of them stops spilling (stale_known_scratch), so the list
+# cannot go stale.  key: (target, kernel, table row head_dim) -> reason.
+# Empty: the gfx1100 rows that spilled (every d128 backward and d256 kernel,
+# the d64 atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since
+# 2026-11, with zero scratch (docs/AOT.md).
+KNOWN_SCRATCH: Dict[tuple, str] = {}
 
 # kernel -> the table entry whose launch config it uses
 _TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dkdv_atomic": "dkdv_atomic", "dq": "dq", "probs": "fwd", "preprocess": None}
@@ -132,6 +125,16 @@ def known_scratch(r: "CompileResult") -> Optional[str]:
     return KNOWN_SCRATCH.get((r.target, r.kernel, _d_pad(head_dim)))
 
 
+def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
+    """KNOWN_SCRATCH rows (as "target kernel dN") none of whose built variants spills any more."""
+    spills: Dict[tuple, bool] = {}
+    for r in results:
+        if known_scratch(r) and r.error is None:
+            row = (r.target, r.kernel, f"d{_d_pad(int(r.variant.split('-')[0][1:]))}")
+            spills[row] = spills.get(row, False) or bool(r.scratch_bytes)
+    return [" ".join(row) for row, spilled in spills.items() if not spilled]
+
+
 # --------------------------------------------------------------------------- job lists
 
 def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
@@ -150,7 +153,7 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False) -
     from .tuning.tables import HIP_ONLY_OPTIONS, TABLES
 
     table_kernel = _TABLE_KERNEL[kernel]
-    if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
+    if table_kernel is None:  # preprocess: fixed block, default launch options, no switches (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
     rows = TABLES[target]
     row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
@@ -257,10 +260,14 @@ def _constexpr_params(fn) -> List[str]:
 def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     """Values of the kernel's constexpr parameters for this job, plus runtime ints
     equal to 1 (Triton specializes those at launch, so the AOT build does too)."""
+    from .tuning.tables import KERNEL_SWITCHES
+
     values = dict(HEAD_DIM=job.head_dim, D_PAD=_d_pad(job.head_dim), INPUT_PRECISION="ieee",
                   IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
                   HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
                   ATOMIC_DQ=job.kernel == "dkdv_atomic")
+    # kernel switches (RELOAD_CHUNK): the launch dict's value, else the launcher's default
+    values.update({name: cfg.get(name, default) for name, default in KERNEL_SWITCHES.items()})
     values.update(VARIANTS[job.variant])
     constexpr_names = _constexpr_params(fn)
     constexprs = {}
@@ -271,6 +278,14 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     if missing:
         raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")
     return constexprs
+
+
+def compile_options(cfg: Dict) -> Dict:
+    """The launch dict's compiler options (num_warps, num_stages, HIP options): everything
+    but the tiles and the kernel switches, which are constexpr arguments of the kernel."""
+    from .tuning.tables import KERNEL_SWITCHES
+
+    return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N") and k not in KERNEL_SWITCHES}
 
 
 def _cuobjdump_path() -> Optional[str]:
@@ -305,7 +320,7 @@ def _compile_one(job: CompileJob) -> CompileResult:
     fn = getattr(attention, _KERNEL_FN[job.kernel])
     constexprs = _job_constexprs(job, fn, cfg)
     sig, attrs = _signature(fn, constexprs, job.dtype)
-    options = {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+    options = compile_options(cfg)
     start = time.perf_counter()
     try:
         src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
@@ -475,6 +490,8 @@ def format_tables(results: List[CompileResult]) -> str:
             tiles = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
             if "waves_per_eu" in c:
                 tiles += f", wpe{c['waves_per_eu']}"
+            if c.get("RELOAD_CHUNK"):
+                tiles += f", reload{c['RELOAD_CHUNK']}"
             if r.error:
                 status = "ERROR: " + r.error
             elif r.failed:

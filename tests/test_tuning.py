@@ -8,7 +8,7 @@ import pytest
 
 from fa_amd.arch import Arch
 from fa_amd.tuning import autotune, get_config
-from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, TABLES
+from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 GFX942 = Arch("hip", "gfx942", 64)
 GFX1100 = Arch("hip", "gfx1100", 32)
@@ -60,7 +60,8 @@ def test_save_and_load_merges_over_defaults(cache_dir):
     rows = table["gfx942"]
     assert [r["head_dim"] for r in rows] == [64, 128, 256]  # untuned classes keep their default rows
     assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
-    assert get_config(GFX942, "fwd", 64) == {k: v for k, v in TABLES["gfx942"][0]["fwd"].items() if k != "fp32"}
+    assert get_config(GFX942, "fwd", 64) == {**{k: v for k, v in TABLES["gfx942"][0]["fwd"].items() if k != "fp32"},
+                                             **KERNEL_SWITCHES}
     assert get_config(GFX942, "fwd", 256)["BLOCK_M"] == TABLES["gfx942"][2]["fwd"]["BLOCK_M"]
     # the same tuned row on a non-HIP family loses its AMD-only options
     autotune.save_tuned_rows("sm90", [FAKE_ROW])
@@ -105,6 +106,25 @@ def test_candidate_lists_respect_backend():
     assert all("matrix_instr_nonkdim" not in c and "kpack" not in c for c in rdna)
     assert all(c["BLOCK_M"] * c["BLOCK_N"] <= 64 * 64 for c in rdna[1:])
     assert len({json.dumps(c, sort_keys=True) for c in hip}) == len(hip)  # no duplicates
+
+
+def test_kernel_switches(cache_dir):
+    """RELOAD_CHUNK: every launch dict carries it (KERNEL_SWITCHES' default where a row does not
+    set it), only the gfx1100 rows switch it on, it is never a compiler option, and tuning keeps it."""
+    from fa_amd import aot
+
+    for arch in (GFX942, SM90, Arch("cuda", "sm80", 32), Arch("interpreter", "cpu", 32), GFX1100):
+        for d in (64, 128, 256):
+            for kernel in ("fwd", "dkdv", "dq", "dkdv_atomic"):
+                cfg = get_config(arch, kernel, d)
+                assert set(KERNEL_SWITCHES) <= set(cfg)
+                assert (cfg["RELOAD_CHUNK"] > 0) == (arch is GFX1100), (arch, kernel, d, cfg)
+                assert not set(KERNEL_SWITCHES) & set(aot.compile_options(cfg))
+                assert {"num_warps", "num_stages"} <= set(aot.compile_options(cfg))
+    rdna = autotune.candidates(GFX1100, "dkdv", get_config(GFX1100, "dkdv", 128), 128)
+    assert all(c["RELOAD_CHUNK"] == 32 for c in rdna if c["BLOCK_M"] * c["BLOCK_N"] != 16 * 64)
+    assert {c["RELOAD_CHUNK"] for c in rdna} == {0, 32, 64}  # the other chunks at the default tile
+    assert all("RELOAD_CHUNK" not in c for c in autotune.candidates(SM90, "fwd", TABLES["sm90"][1]["fwd"], 128))
 
 
 def test_ensure_tuned_is_a_noop_without_gpu_or_env(cache_dir, monkeypatch):

@@ -18,6 +18,20 @@ the dK/dV kernel (deterministic=False, flash-attn's default trade).  With GQA
 and too few key blocks to fill the GPU, each program takes only part of its
 KV head's query-head group and the partial dK/dV are summed afterwards (in
 fp32, in a fixed order: still deterministic).
+
+RELOAD_CHUNK (a constexpr every kernel but the preprocess takes; table data,
+fa_amd/tuning/tables.py): 0, the default on every target but RDNA, keeps the
+loop-invariant d-wide dot operands (fwd and probs: q; dK/dV: k, v; dQ: q, dO) in
+registers across the inner loop.  N > 0 reloads every d-wide operand from
+memory next to the dot that needs it (it stays hot in L1/L2) and computes the
+head-dim reductions S = QK^T and dP = dO V^T N columns at a time
+(_dot_rows_nt).  Why: RDNA3 WMMA replicates each dot operand across the two
+lane halves, so a 16-row slice of a d-wide operand costs d/2 of the 256 VGPRs
+of a wave32 lane, and the resident kernels spill at every tile size for d128
+and d256 there (docs/AOT.md); with RELOAD_CHUNK only an N-wide slice of each
+operand of S and dP is live at a time.  With RELOAD_CHUNK=0 every op is built in
+the same order as before the switch existed, so the code generated for the other
+targets is unchanged (compared asm for sm90 and gfx942).
 """
 import warnings
 
@@ -87,24 +101,58 @@ def _query_ranges(n0, q_len, k_len, diag, win_left, win_right,
 # --------------------------------------------------------------------------- forward
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, start, end,
+def _in_loop(n, it, end):
+    """n, tied to the loop iteration `it` (it < end inside the loop, so this is n): a load
+    masked with it is not loop-invariant, so loop-invariant code motion cannot hoist it
+    (and its register-hungry dot-operand copy) out of the loop (RELOAD_CHUNK)."""
+    return tl.minimum(n, n + (end - it))
+
+
+@triton.jit
+def _dot_rows_nt(acc, A_rows, a_ok, B_rows, b_ok, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 D_CHUNK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc + A @ B^T for A, B row-major [rows, HEAD_DIM] in memory (A_rows / B_rows: [R, 1] row
+    pointers, a_ok / b_ok: [R, 1] row masks; masked rows read as 0), loaded D_CHUNK head-dim
+    columns at a time: only one slice of each operand is ever held in registers."""
+    CHUNK: tl.constexpr = min(D_CHUNK, D_PAD)
+    offs = tl.arange(0, CHUNK)
+    for c in tl.static_range(0, D_PAD, CHUNK):
+        col_ok = (c + offs[None, :]) < HEAD_DIM
+        a = tl.load(A_rows + (c + offs[None, :]), mask=a_ok & col_ok, other=0.0)
+        b = tl.load(B_rows + (c + offs[None, :]), mask=b_ok & col_ok, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, start, end,
                offs_m, offs_n, offs_d, diag, k_len,
                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                seed, seed_offset, bh, keep_threshold,
-               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-               HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+               HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               RELOAD_CHUNK: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
-        if MASK:
-            kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        elif D_PAD != HEAD_DIM:
-            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        if RELOAD_CHUNK:
+            # q streamed in head-dim chunks with each key block
+            qk = _dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                              q_rows, offs_m[:, None] < _in_loop(q_len, start_n, end),
+                              K_head + cols[:, None] * stride_kn, cols[:, None] < k_len,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
         else:
-            kT = tl.load(kT_ptrs)
-        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+            kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
+            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            if MASK:
+                kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                kT = tl.load(kT_ptrs)
+            qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
         s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
@@ -147,7 +195,7 @@ def attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -167,8 +215,13 @@ def attn_fwd_kernel(
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-    q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed from memory per key block by _fwd_inner
+        q_rows = q_head + offs_m[:, None] * stride_qm
+    else:
+        q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        q_rows = q_head  # unused
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
@@ -180,24 +233,24 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
                                    offs_m, offs_n, offs_d, diag, k_len,
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
-                                   HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                   HAS_DROPOUT, INPUT_PRECISION)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
                                offs_m, offs_n, offs_d, diag, k_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
-                               HEAD_DIM, D_PAD, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                               HAS_DROPOUT, INPUT_PRECISION)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
                                offs_m, offs_n, offs_d, diag, k_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
-                               HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                               HAS_DROPOUT, INPUT_PRECISION)
+                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -243,39 +296,73 @@ def bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+def _load_row_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
+    """A [rows, D_PAD] tile; rows at or past n_rows (with MASK) and padded head-dim columns read as 0."""
+    if MASK:
+        tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif D_PAD != HEAD_DIM:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
+                    Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                     start, end, cols, offs_m, offs_d, diag, q_len, k_len,
                     qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, sm_scale,
                     seed, seed_offset, bh, keep_threshold, keep_scale,
-                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
-                    IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
-        qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
-        do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
-        if MASK:
-            qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            # rows past the end get lse=+inf, hence p=0: they add nothing
-            lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
-            delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
-        else:
-            if D_PAD != HEAD_DIM:
-                qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-                do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        if RELOAD_CHUNK:
+            # every d-wide operand comes from memory next to the dot that needs it
+            Q_rows = Q_head + rows[:, None] * stride_qm
+            DO_rows = DO_head + rows[:, None] * stride_dom
+            kv_live = cols[:, None] < _in_loop(k_len, start_m, end)
+            if MASK:
+                q_row_ok = rows[:, None] < q_len
+                lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
+                delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
             else:
-                qT = tl.load(qT_ptrs)
-                do = tl.load(do_ptrs)
-            lse = tl.load(Lse_head + rows)
-            delta = tl.load(Delta_head + rows)
-        sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
+                q_row_ok = rows[:, None] >= 0  # every row is in range
+                lse = tl.load(Lse_head + rows)
+                delta = tl.load(Delta_head + rows)
+            sT = _dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), k_rows, kv_live, Q_rows, q_row_ok,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
+            do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
+            if MASK:
+                qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+                do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                # rows past the end get lse=+inf, hence p=0: they add nothing
+                lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
+                delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
+            else:
+                if D_PAD != HEAD_DIM:
+                    qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                    do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                else:
+                    qT = tl.load(qT_ptrs)
+                    do = tl.load(do_ptrs)
+                lse = tl.load(Lse_head + rows)
+                delta = tl.load(Delta_head + rows)
+            sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
         sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
                             softcap_log2, slope_log2, win_left, win_right,
                             MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
         pT = tl.exp2(sT - (lse * LOG2E)[None, :])
-        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if RELOAD_CHUNK:
+            dpT = _dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows, q_row_ok,
+                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            do = _load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+        else:
+            dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
             dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
@@ -285,11 +372,19 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head
         dsT = pT * (dpT - delta[None, :])
         if IS_SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
-        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        if RELOAD_CHUNK:
+            q = _load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        else:
+            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
         if ATOMIC_DQ:
             # non-deterministic fast path: dQ from the same dS tile, summed with
             # fp32 atomics instead of a second pass that recomputes S and dP
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale
+            if RELOAD_CHUNK:
+                k_op = tl.load(k_rows + offs_d[None, :], mask=kv_live & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            else:
+                k_op = k
+            dq = tl.dot(tl.trans(dsT.to(k_op.dtype)), k_op, input_precision=INPUT_PRECISION) * sm_scale
             dq_ptrs = DQ_head + rows[:, None] * stride_dqm + offs_d[None, :]
             if MASK:
                 tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
@@ -316,7 +411,7 @@ def attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     # program axis 1 = KV heads x group slices: this program sums query heads
@@ -335,10 +430,20 @@ def attn_bwd_dkdv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     kv_mask = (cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
-                + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-                + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    if RELOAD_CHUNK:
+        k = 0.0  # streamed from memory per query block by _bwd_dkdv_inner
+        v = 0.0
+        k_rows = (K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                  + cols[:, None] * stride_kn)
+        v_rows = (V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                  + cols[:, None] * stride_vn)
+    else:
+        k = tl.load(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                    + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                    + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k_rows = K  # unused
+        v_rows = V  # unused
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
 
@@ -358,24 +463,24 @@ def attn_bwd_dkdv_kernel(
         Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
         if HAS_RIGHT:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                      lo, full_lo, cols, offs_m, offs_d, diag, q_len, k_len,
                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                      sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                     HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                     HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                     HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                 HEAD_DIM, D_PAD, BLOCK_M, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                 HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                 HEAD_DIM, D_PAD, BLOCK_M, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                 HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ)
+                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
     dk = dk * sm_scale
     tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
              + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -384,38 +489,55 @@ def attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, start, end,
+def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn,
+                  start, end,
                   offs_m, offs_n, offs_d, diag, k_len,
                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                   seed, seed_offset, bh, keep_threshold, keep_scale,
-                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                  IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-                  HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  RELOAD_CHUNK: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = K_head + cols[:, None] * stride_kn + offs_d[None, :]
-        vT_ptrs = V_head + cols[None, :] * stride_vn + offs_d[:, None]
-        if MASK:
-            k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        elif D_PAD != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        if RELOAD_CHUNK:
+            # every d-wide operand comes from memory next to the dot that needs it
+            q_live = offs_m[:, None] < _in_loop(q_len, start_n, end)
+            K_rows = K_head + cols[:, None] * stride_kn
+            k_row_ok = cols[:, None] < k_len
+            s = _dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows, q_live, K_rows, k_row_ok,
+                             HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
         else:
-            k = tl.load(k_ptrs)
-            vT = tl.load(vT_ptrs)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+            k_ptrs = K_head + cols[:, None] * stride_kn + offs_d[None, :]
+            vT_ptrs = V_head + cols[None, :] * stride_vn + offs_d[:, None]
+            if MASK:
+                k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                vT = tl.load(vT_ptrs)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         s, t = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
         p = tl.exp2(s - lse_log2[:, None])
-        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
+        if RELOAD_CHUNK:
+            dp = _dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), do_rows, q_live,
+                              V_head + cols[:, None] * stride_vn, k_row_ok,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if IS_SOFTCAP:
             ds = ds * (1.0 - t * t)
+        if RELOAD_CHUNK:
+            k = tl.load(K_rows + offs_d[None, :], mask=k_row_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
     return dq
 
@@ -436,7 +558,7 @@ def attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
@@ -453,10 +575,20 @@ def attn_bwd_dq_kernel(
     offs_d = tl.arange(0, D_PAD)
     row_mask = offs_m < q_len
     qd_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
-                + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
-    do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
-                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed from memory per key block by _bwd_dq_inner
+        do = 0.0
+        q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm)
+        do_rows = (DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom)
+    else:
+        q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
+        do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                     + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+        q_rows = Q  # unused
+        do_rows = DO  # unused
     lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
     lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
     delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
@@ -471,24 +603,24 @@ def attn_bwd_dq_kernel(
     lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+        dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
                            offs_m, offs_n, offs_d, diag, k_len,
                            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                            seed, seed_offset, bh, keep_threshold, keep_scale,
-                           HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                           HAS_DROPOUT, INPUT_PRECISION)
-    dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                           HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                           HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
                        offs_m, offs_n, offs_d, diag, k_len,
                        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                        seed, seed_offset, bh, keep_threshold, keep_scale,
-                       HEAD_DIM, D_PAD, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION)
-    dq = _bwd_dq_inner(dq, q, do, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
                        offs_m, offs_n, offs_d, diag, k_len,
                        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                        seed, seed_offset, bh, keep_threshold, keep_scale,
-                       HEAD_DIM, D_PAD, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION)
+                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
@@ -510,7 +642,7 @@ def attn_probs_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     """S_dmask for return_attn_probs: softmax probabilities, negated where dropout dropped them."""
     pid_m = tl.program_id(0)
@@ -527,9 +659,13 @@ def attn_probs_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     row_mask = offs_m < q_len
-    q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
-                + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if RELOAD_CHUNK:
+        q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm)
+    else:
+        q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     lse_log2 = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m,
                        mask=row_mask, other=float("inf")) * LOG2E
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
@@ -539,9 +675,15 @@ def attn_probs_kernel(
     P_head = Probs + b64 * stride_pb + h.to(tl.int64) * stride_ph
     for start_n in range(0, k_len, BLOCK_N):
         cols = start_n + offs_n
-        kT = tl.load(K_head + cols[None, :] * stride_kn + offs_d[:, None],
-                     mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        s = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        if RELOAD_CHUNK:
+            # q streamed in head-dim chunks with each key block, as in _fwd_inner
+            s = _dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
+                             offs_m[:, None] < _in_loop(q_len, start_n, k_len), K_head + cols[:, None] * stride_kn,
+                             cols[:, None] < k_len, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            kT = tl.load(K_head + cols[None, :] * stride_kn + offs_d[:, None],
+                         mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            s = tl.dot(q, kT, input_precision=INPUT_PRECISION)
         s, _ = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)

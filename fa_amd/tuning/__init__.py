@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from ..arch import Arch
-from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, TABLES
+from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
 
@@ -36,11 +36,14 @@ OVERRIDES = ("causal", "fp32")
 
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False) -> Dict:
     """A table entry as a launch dict: its "causal" override applied for causal
-    (or right-windowed) attention, its "fp32" override for fp32 inputs."""
+    (or right-windowed) attention, its "fp32" override for fp32 inputs, and the
+    default of every kernel switch (tables.KERNEL_SWITCHES) it does not set."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
     for name, wanted in (("causal", causal), ("fp32", is_fp32)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
+    for name, default in KERNEL_SWITCHES.items():
+        cfg.setdefault(name, default)
     return cfg
 
 

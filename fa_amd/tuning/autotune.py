@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .tables import HIP_ONLY_OPTIONS, TABLES
+from .tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 AUTOTUNE_ENV = "FA_AMD_AUTOTUNE"
 FILE_FORMAT = 1
@@ -157,6 +157,9 @@ def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[D
         stages = (2, 3)
         extra = [{}]
     out = [_strip_for(arch, default)]
+    # kernel switches (RELOAD_CHUNK) pick the kernel variant the row was built for: every
+    # candidate keeps the default's, and a row that sets one also tries its other values
+    switches = {k: default[k] for k in KERNEL_SWITCHES if k in default}
 
     def add(cfg):
         cfg = _strip_for(arch, cfg)
@@ -167,15 +170,19 @@ def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[D
     # options, then other options at the default tile, then everything else
     for bm, bn in tiles:
         add(dict(default, BLOCK_M=bm, BLOCK_N=bn))
+    if switches.get("RELOAD_CHUNK"):
+        for chunk in (0, 32, 64):  # 0: the resident-operand kernel
+            add(dict(default, RELOAD_CHUNK=chunk))
     for nw in warps:
         for ns in stages:
             for e in extra:
-                add(dict(BLOCK_M=default["BLOCK_M"], BLOCK_N=default["BLOCK_N"], num_warps=nw, num_stages=ns, **e))
+                add(dict(BLOCK_M=default["BLOCK_M"], BLOCK_N=default["BLOCK_N"], num_warps=nw, num_stages=ns, **e,
+                         **switches))
     for bm, bn in tiles:
         for nw in warps:
             for ns in stages:
                 for e in extra:
-                    add(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **e))
+                    add(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **e, **switches))
     return out[:1 + max_candidates()]
 
 

@@ -4,9 +4,12 @@ Keyed by arch family (fa_amd.arch names: "sm90", "gfx942", ...), then a list of
 rows ordered by `head_dim` (the padded head dim, a power of two): the first row
 whose head_dim >= the problem's padded head dim wins.
 
-Each row holds "fwd", "dkdv" and "dq" launch dicts: BLOCK_M / BLOCK_N (tile
-sizes, constexpr), num_warps, num_stages, and -- in HIP rows only, because only
-the AMD backend accepts them -- waves_per_eu, matrix_instr_nonkdim and kpack.
+Each row holds "fwd", "dkdv" and "dq" launch dicts (and optionally
+"dkdv_atomic", the dK/dV kernel of the deterministic=False backward; it falls
+back to "dkdv"): BLOCK_M / BLOCK_N (tile sizes, constexpr), num_warps,
+num_stages, and -- in HIP rows only, because only the AMD backend accepts them
+-- waves_per_eu, matrix_instr_nonkdim and kpack; optionally the kernel switches
+of KERNEL_SWITCHES (constexpr; RELOAD_CHUNK in the gfx1100 rows).
 Optional override dicts per kernel: "causal" (causal or right-windowed
 attention, where rows see fewer keys and smaller tiles waste less on the
 diagonal) and "fp32" (fp32 inputs: twice the shared memory per tile), applied
@@ -173,23 +176,34 @@ TABLES = {
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
     ],
     # RDNA3 (gfx1100): 32-wide waves, WMMA; no MFMA options.  WMMA operands are
-    # replicated across lanes, so a 16-row slice of a d128 operand costs 64
-    # VGPRs: only small tiles with 8 warps fit 256 VGPRs, and the d128 backward
-    # and every d256 kernel still spill (aot.KNOWN_SCRATCH, docs/AOT.md).
-    # waves_per_eu=0 (no hint): the hint made the allocator spill more.
+    # replicated across the two lane halves, so a 16-row slice of a d-wide
+    # operand costs d/2 of the 256 VGPRs: with the operands resident in registers
+    # the d128 backward and every d256 kernel spilled at every tile size (256
+    # VGPRs and 276..2180 B scratch at 16x16).  These rows run the reloading
+    # kernels (RELOAD_CHUNK=N: d-wide operands reloaded from L1/L2 per block, S
+    # and dP reduced N head-dim columns at a time; 16 where 32 spilled) at the
+    # largest tiles found that compile with zero scratch in every AOT variant
+    # (docs/AOT.md); 8 warps (4 spilled more), no waves_per_eu hint (0).  Not
+    # timed on an RDNA3 GPU yet; `fa-amd tune` there also tries RELOAD_CHUNK 0/32/64.
     "gfx1100": [
         {"head_dim": 64,
-         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 16},
+         "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
+                         "RELOAD_CHUNK": 32},
+         "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32}},
         {"head_dim": 128,
-         "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dq": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
+         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
+                         "RELOAD_CHUNK": 32},
+         "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 16}},
         {"head_dim": 256,
-         "fwd": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0},
-         "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0}},
+         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
+                         "RELOAD_CHUNK": 32},
+         "dq": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32}},
     ],
 }
 
@@ -201,3 +215,13 @@ FAMILY_ALIASES = {
 }
 
 HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+# Kernel constexprs a launch dict may set besides the tiles, with the value every
+# entry that does not name them launches with (filled in by
+# fa_amd.tuning.resolve_entry, so rows stay short).  They reach the kernels as
+# arguments, never as compiler options.
+#   RELOAD_CHUNK: 0 keeps the kernels' loop-invariant d-wide dot operands in
+#   registers; N > 0 reloads them from memory per block and reduces the head dim
+#   N columns at a time (fa_amd/kernels/attention.py) -- for register-bound RDNA.
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
+
