@@ -34,10 +34,16 @@ def grads(out, inputs, dout):
 
 def _compare(fa_fn, ref_fn, q, k, v, dout, check_grads):
     """Run fa_fn(q, k, v) and ref_fn in float64 and in the inputs' dtype; assert output and grads."""
-    dtype = q.dtype
     out = fa_fn(q, k, v)
     if isinstance(out, tuple):
         out = out[0]
+    return compare_output(out, ref_fn, q, k, v, dout, check_grads)
+
+
+def compare_output(out, ref_fn, q, k, v, dout=None, check_grads=True):
+    """A kernel output already computed from q, k, v (e.g. with a dropout mask that ref_fn
+    then reuses) vs ref_fn in float64 and in the inputs' dtype: output and gradients."""
+    dtype = q.dtype
     leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
     leaves_lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     ref64, _ = ref_fn(*leaves64)
