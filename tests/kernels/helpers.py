@@ -4,8 +4,11 @@ the error of the same computation done by PyTorch in the inputs' precision,
 plus a small epsilon)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
+import fa_amd
 from fa_amd.reference import attention_ref, attention_varlen_ref
 
 # per-dtype epsilon added to 2x the PyTorch same-precision error, relative to
@@ -18,6 +21,12 @@ EPS = {torch.float32: 2e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
 def randn(*shape, dtype, device, requires_grad=True):
     x = torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
     return x.requires_grad_(requires_grad)
+
+
+def dense_qkv(device, dtype, b, sq, sk, hq, hk, d):
+    """Fresh random q (b, sq, hq, d) and k, v (b, sk, hk, d) that require grad."""
+    return (randn(b, sq, hq, d, dtype=dtype, device=device), randn(b, sk, hk, d, dtype=dtype, device=device),
+            randn(b, sk, hk, d, dtype=dtype, device=device))
 
 
 def assert_close_to_ref(name, got, ref64, ref_lowp, dtype):
@@ -74,3 +83,15 @@ def compare_varlen(fa_fn, q, k, v, cu_q, cu_k, dout=None, check_grads=True, **kw
     """Varlen fa_fn(q, k, v) vs attention_varlen_ref(**kw): output and gradients within tolerance."""
     return _compare(fa_fn, lambda *x, **up: attention_varlen_ref(*x, cu_q, cu_k, **kw, **up), q, k, v, dout,
                     check_grads)
+
+
+def check_varlen(device, dtype, lens_q, lens_k, hq, hk, d, deterministic=False, **kw):
+    """flash_attn_varlen_func on fresh random packed inputs with these segment lengths vs the
+    reference (output and gradients); kw: the attention options both take (causal, window_size, ...)."""
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = randn(sum(lens_q), hq, d, dtype=dtype, device=device)
+    k = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
+    v = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
+    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                           max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), deterministic=deterministic, **kw)
+    return compare_varlen(fn, q, k, v, cu_q, cu_k, **kw)

@@ -9,7 +9,7 @@ import fa_amd
 import fa_amd.kernels.attention as attention_kernels
 from fa_amd.reference import attention_ref
 
-from .helpers import compare_dense, compare_output, compare_varlen, cu_seqlens, randn
+from .helpers import check_varlen, compare_dense, compare_output, compare_varlen, cu_seqlens, dense_qkv, randn
 
 DTYPES = [torch.float16, torch.float32]
 
@@ -17,11 +17,6 @@ DTYPES = [torch.float16, torch.float32]
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     monkeypatch.setattr(attention_kernels, "POISON_OUTPUTS", True)
-
-
-def _dense(device, dtype, b, sq, sk, hq, hk, d):
-    return (randn(b, sq, hq, d, dtype=dtype, device=device), randn(b, sk, hk, d, dtype=dtype, device=device),
-            randn(b, sk, hk, d, dtype=dtype, device=device))
 
 
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_k, head_dim): odd sizes, GQA/MQA ratios
@@ -56,7 +51,7 @@ def test_dense_features(device, dtype, shape, feature):
     if dtype == torch.float16 and (SHAPES.index(shape) + list(FEATURES).index(feature)) % 2:
         pytest.skip("fp16 sampled on every other (shape, feature) pair to bound CPU time")
     kw = FEATURES[feature]
-    q, k, v = _dense(device, dtype, *shape)
+    q, k, v = dense_qkv(device, dtype, *shape)
     # both backward paths: separate dQ kernel (deterministic) and atomic dQ (default)
     deterministic = SHAPES.index(shape) % 2 == 0
     compare_dense(functools.partial(fa_amd.flash_attn_func, deterministic=deterministic, **kw), q, k, v, **kw)
@@ -67,7 +62,7 @@ def test_dense_features(device, dtype, shape, feature):
 @pytest.mark.parametrize("causal", [False, True])
 def test_alibi(device, dtype, slopes_shape, causal):
     b, sq, sk, hq, hk, d = 2, 29, 41, 4, 2, 40
-    q, k, v = _dense(device, dtype, b, sq, sk, hq, hk, d)
+    q, k, v = dense_qkv(device, dtype, b, sq, sk, hq, hk, d)
     shape = (hq,) if slopes_shape == "heads" else (b, hq)
     slopes = torch.rand(shape, device=device) * 0.5 + 0.05
     kw = dict(alibi_slopes=slopes, causal=causal)
@@ -76,13 +71,13 @@ def test_alibi(device, dtype, slopes_shape, causal):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_sequence_1025(device, dtype):
-    q, k, v = _dense(device, dtype, 1, 1025, 1025, 1, 1, 40)
+    q, k, v = dense_qkv(device, dtype, 1, 1025, 1025, 1, 1, 40)
     kw = dict(causal=True)
     compare_dense(functools.partial(fa_amd.flash_attn_func, **kw), q, k, v, **kw)
 
 
 def test_window_wider_than_sequence_is_noop(device):
-    q, k, v = _dense(device, torch.float32, 1, 19, 19, 2, 2, 32)
+    q, k, v = dense_qkv(device, torch.float32, 1, 19, 19, 2, 2, 32)
     wide = fa_amd.flash_attn_func(q, k, v, window_size=(1000, 1000))
     plain = fa_amd.flash_attn_func(q, k, v)
     torch.testing.assert_close(wide, plain, rtol=0, atol=0)
@@ -105,16 +100,7 @@ def test_varlen(device, dtype, case, feature):
     if dtype == torch.float16 and feature in ("window", "softcap"):
         pytest.skip("fp16 covers plain/causal; fp32 covers every feature (CPU time)")
     lens_q, lens_k = VARLEN_CASES[case]
-    kw = FEATURES[feature]
-    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
-    hq, hk, d = 4, 2, 59
-    q = randn(sum(lens_q), hq, d, dtype=dtype, device=device)
-    k = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
-    v = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
-    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
-                           deterministic=dtype == torch.float32, **kw)
-    compare_varlen(fn, q, k, v, cu_q, cu_k, **kw)
+    check_varlen(device, dtype, lens_q, lens_k, 4, 2, 59, deterministic=dtype == torch.float32, **FEATURES[feature])
 
 
 def test_varlen_alibi_per_sequence(device):
@@ -130,7 +116,7 @@ def test_varlen_alibi_per_sequence(device):
 def test_varlen_matches_dense(device):
     """One packed batch of equal lengths == the dense call, bit for bit."""
     b, s, h, d = 3, 21, 2, 48
-    q, k, v = _dense(device, torch.float16, b, s, s, h, h, d)
+    q, k, v = dense_qkv(device, torch.float16, b, s, s, h, h, d)
     dense = fa_amd.flash_attn_func(q, k, v, causal=True)
     cu = cu_seqlens([s] * b, device)
     packed = fa_amd.flash_attn_varlen_func(q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d),
@@ -142,7 +128,7 @@ def test_varlen_matches_dense(device):
 
 def test_lse_and_probs(device):
     b, sq, sk, hq, hk, d = 2, 19, 27, 4, 2, 40
-    q, k, v = _dense(device, torch.float32, b, sq, sk, hq, hk, d)
+    q, k, v = dense_qkv(device, torch.float32, b, sq, sk, hq, hk, d)
     out, lse, probs = fa_amd.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
     assert probs.shape == (b, hq, sq, sk)
@@ -158,7 +144,7 @@ def test_lse_and_probs(device):
 
 def test_rows_without_keys_give_zero_output_and_inf_lse(device):
     # causal with seqlen_q > seqlen_k: the first sq - sk rows see no key
-    q, k, v = _dense(device, torch.float32, 1, 9, 4, 2, 2, 32)
+    q, k, v = dense_qkv(device, torch.float32, 1, 9, 4, 2, 2, 32)
     out, lse, _ = fa_amd.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert torch.all(out[:, :5] == 0)
     assert torch.all(torch.isinf(lse[:, :, :5])) and torch.all(lse[:, :, :5] > 0)
@@ -168,7 +154,7 @@ def test_rows_without_keys_give_zero_output_and_inf_lse(device):
 # --------------------------------------------------------------------------- dropout
 
 def _dropout_run(device, dtype=torch.float32, p=0.3, **kw):
-    q, k, v = _dense(device, dtype, 2, 33, 45, 4, 2, 40)
+    q, k, v = dense_qkv(device, dtype, 2, 33, 45, 4, 2, 40)
     out, lse, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True, **kw)
     return q, k, v, out, s_dmask
 
@@ -203,7 +189,7 @@ def test_dropout_keep_fraction_and_rng(device):
 
 def test_backward_is_deterministic(device):
     """deterministic=True: bitwise-identical gradients across runs (GQA + dropout included)."""
-    q, k, v = _dense(device, torch.float16, 2, 37, 37, 4, 1, 64)
+    q, k, v = dense_qkv(device, torch.float16, 2, 37, 37, 4, 1, 64)
     dout = torch.randn(2, 37, 4, 64, device=device, dtype=torch.float16)
     runs = []
     for _ in range(2):
@@ -219,7 +205,7 @@ def test_backward_is_deterministic(device):
 def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic):
     """dK/dV programs that sum only a slice of the GQA group (partial fp32 sums added afterwards)."""
     monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
-    q, k, v = _dense(device, torch.float16, 2, 29, 41, 8, 2, 40)
+    q, k, v = dense_qkv(device, torch.float16, 2, 29, 41, 8, 2, 40)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
                   causal=True)
     lens_q, lens_k = [5, 0, 19], [9, 3, 30]
@@ -318,7 +304,7 @@ def test_torch_compile_fullgraph(device):
         return dense.sum() + packed.sum()
 
     compiled = torch.compile(attn, fullgraph=True, backend=backend)
-    q, k, v = _dense(device, torch.float32, 2, 16, 16, 2, 1, 32)
+    q, k, v = dense_qkv(device, torch.float32, 2, 16, 16, 2, 1, 32)
     cu = cu_seqlens([16, 16], device)
     loss = compiled(q, k, v, cu)
     loss.backward()

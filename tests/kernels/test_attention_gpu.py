@@ -8,7 +8,7 @@ import torch
 import fa_amd
 import fa_amd.kernels.attention as attention_kernels
 
-from .helpers import compare_dense, compare_output, compare_varlen, cu_seqlens, randn
+from .helpers import check_varlen, compare_dense, compare_output, dense_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -24,16 +24,11 @@ def poison_outputs(monkeypatch):
     torch.cuda.empty_cache()
 
 
-def _dense(dtype, b, sq, sk, hq, hk, d):
-    return (randn(b, sq, hq, d, dtype=dtype, device="cuda"), randn(b, sk, hk, d, dtype=dtype, device="cuda"),
-            randn(b, sk, hk, d, dtype=dtype, device="cuda"))
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [40, 64, 80, 96, 111, 128, 160, 192, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(dtype, d, causal):
-    q, k, v = _dense(dtype, 2, 257, 333, 4, 2, d)
+    q, k, v = dense_qkv("cuda", dtype, 2, 257, 333, 4, 2, d)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=causal), q, k, v, causal=causal)
 
 
@@ -43,7 +38,7 @@ def test_head_dims(dtype, d, causal):
 def test_seqlens(dtype, seqlen, causal):
     # the float64 reference materializes (b, h, s, s) scores several times: keep it to ~10 GB
     b, hq, hk = (1, 1, 1) if seqlen >= 4096 else (2, 4, 2)
-    q, k, v = _dense(dtype, b, seqlen, seqlen, hq, hk, 128)
+    q, k, v = dense_qkv("cuda", dtype, b, seqlen, seqlen, hq, hk, 128)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=causal), q, k, v, causal=causal)
 
 
@@ -55,7 +50,7 @@ def test_features_gqa(dtype, heads, feature):
     kw = {"plain": {}, "causal": {"causal": True}, "window": {"window_size": (77, 31)},
           "softcap": {"softcap": 30.0, "causal": True},
           "alibi": {"alibi_slopes": torch.rand(hq, device="cuda") * 0.3, "causal": True}}[feature]
-    q, k, v = _dense(dtype, 2, 391, 517, hq, hk, 64)
+    q, k, v = dense_qkv("cuda", dtype, 2, 391, 517, hq, hk, 64)
     compare_dense(functools.partial(fa_amd.flash_attn_func, **kw), q, k, v, **kw)
 
 
@@ -66,18 +61,12 @@ def test_varlen_ragged(dtype, causal, d):
     g = torch.Generator().manual_seed(d)
     lens_q = torch.randint(0, 700, (9,), generator=g).tolist() + [0, 1]
     lens_k = [max(0, n + int(x)) for n, x in zip(lens_q, torch.randint(-50, 300, (11,), generator=g))]
-    cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
-    q = randn(sum(lens_q), 8, d, dtype=dtype, device="cuda")
-    k = randn(sum(lens_k), 2, d, dtype=dtype, device="cuda")
-    v = randn(sum(lens_k), 2, d, dtype=dtype, device="cuda")
-    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), causal=causal)
-    compare_varlen(fn, q, k, v, cu_q, cu_k, causal=causal)
+    check_varlen("cuda", dtype, lens_q, lens_k, 8, 2, d, causal=causal)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_statistics(p):
-    q, k, v = _dense(torch.bfloat16, 2, 1000, 1000, 8, 2, 64)
+    q, k, v = dense_qkv("cuda", torch.bfloat16, 2, 1000, 1000, 8, 2, 64)
     torch.manual_seed(0)
     _, _, s1 = fa_amd.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True)
     _, _, s2 = fa_amd.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True)
@@ -98,7 +87,7 @@ def test_dropout_grads_match_reference(dtype):
     from fa_amd.reference import attention_ref
 
     p = 0.2
-    q, k, v = _dense(dtype, 2, 300, 300, 4, 2, 128)
+    q, k, v = dense_qkv("cuda", dtype, 2, 300, 300, 4, 2, 128)
     out, _, s = fa_amd.flash_attn_func(q, k, v, dropout_p=p, causal=True, return_attn_probs=True)
     kw = dict(causal=True, dropout_p=p, dropout_mask=s >= 0)
     compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
@@ -106,7 +95,7 @@ def test_dropout_grads_match_reference(dtype):
 
 @pytest.mark.parametrize("heads", [(16, 16), (16, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 def test_deterministic_backward(heads):
-    q, k, v = _dense(torch.bfloat16, 2, 2048, 2048, heads[0], heads[1], 128)
+    q, k, v = dense_qkv("cuda", torch.bfloat16, 2, 2048, 2048, heads[0], heads[1], 128)
     dout = torch.randn(2, 2048, heads[0], 128, device="cuda", dtype=torch.bfloat16)
     runs = []
     for _ in range(3):
@@ -118,7 +107,7 @@ def test_deterministic_backward(heads):
 
 
 def test_cuda_graph_dropout_replays_fresh_masks():
-    q, k, v = _dense(torch.float16, 1, 128, 128, 2, 2, 64)
+    q, k, v = dense_qkv("cuda", torch.float16, 1, 128, 128, 2, 2, 64)
     static_out = {}
 
     def step():

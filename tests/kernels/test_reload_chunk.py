@@ -13,7 +13,7 @@ from fa_amd import tuning
 from fa_amd.arch import arch_for
 from fa_amd.tuning.tables import TABLES
 
-from .helpers import compare_dense, compare_output, compare_varlen, cu_seqlens, randn
+from .helpers import check_varlen, compare_dense, compare_output, dense_qkv
 
 DTYPES = [torch.float16, torch.float32]
 
@@ -34,11 +34,6 @@ def reload_chunk(request, device, monkeypatch):
     return request.param
 
 
-def _dense(device, dtype, b, sq, sk, hq, hk, d):
-    return (randn(b, sq, hq, d, dtype=dtype, device=device), randn(b, sk, hk, d, dtype=dtype, device=device),
-            randn(b, sk, hk, d, dtype=dtype, device=device))
-
-
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_k, head_dim, features): odd sizes, GQA, causal
 CASES = {
     "gqa_causal_d40": ((2, 17, 23, 4, 2, 40), {"causal": True}),
@@ -51,25 +46,17 @@ CASES = {
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
-def test_dense(device, reload_chunk, dtype, case, deterministic):
+def testdense_qkv(device, reload_chunk, dtype, case, deterministic):
     shape, kw = CASES[case]
-    q, k, v = _dense(device, dtype, *shape)
+    q, k, v = dense_qkv(device, dtype, *shape)
     compare_dense(functools.partial(fa_amd.flash_attn_func, deterministic=deterministic, **kw), q, k, v, **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
 def test_varlen_gqa_causal(device, reload_chunk, dtype, deterministic):
-    lens_q, lens_k = [5, 0, 17, 33, 1], [7, 3, 17, 20, 9]
-    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
-    hq, hk, d = 4, 2, 59
-    q = randn(sum(lens_q), hq, d, dtype=dtype, device=device)
-    k = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
-    v = randn(sum(lens_k), hk, d, dtype=dtype, device=device)
-    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), causal=True,
-                           deterministic=deterministic)
-    compare_varlen(fn, q, k, v, cu_q, cu_k, causal=True)
+    check_varlen(device, dtype, [5, 0, 17, 33, 1], [7, 3, 17, 20, 9], 4, 2, 59, deterministic=deterministic,
+                 causal=True)
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
@@ -81,7 +68,7 @@ def test_alibi_dropout_gqa_split(device, reload_chunk, monkeypatch, deterministi
 
     monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", 2)
     dtype, p = torch.float32, 0.2
-    q, k, v = _dense(device, dtype, 2, 21, 30, 4, 1, 48)
+    q, k, v = dense_qkv(device, dtype, 2, 21, 30, 4, 1, 48)
     slopes = torch.rand(4, device=device) * 0.5 + 0.05
     out, _, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=p, causal=True, alibi_slopes=slopes,
                                              return_attn_probs=True, deterministic=deterministic)
