@@ -392,8 +392,33 @@ def markdown_tables(results: List[Result]) -> str:
     return "\n".join(out)
 
 
-def markdown_doc(payload: Dict) -> str:
+# the peers fa_amd is meant to beat (the other Triton / FA2-class kernels); cuDNN is the stretch goal
+RIVALS = ("flex", "sdpa_flash", "flash_attn")
+
+
+def trailing_rows(results: List[Result]) -> List[str]:
+    """One line per (shape, mode) where a rival beat fa_amd in this run, with both numbers."""
+    idx = {(r.label, r.method, r.mode): r for r in results if r.tflops is not None}
+    lines = []
+    for label in dict.fromkeys(r.label for r in results):
+        for mode in ("fwd", "fwd+bwd"):
+            ours = idx.get((label, "fa_amd", mode))
+            if ours is None:
+                continue
+            ahead = [f"{m} {idx[(label, m, mode)].tflops:.0f}" for m in RIVALS
+                     if (label, m, mode) in idx and idx[(label, m, mode)].tflops > ours.tflops]
+            if ahead:
+                lines.append(f"- {label}, {mode}: fa_amd {ours.tflops:.0f} < " + ", ".join(ahead))
+    return lines
+
+
+def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
     env = payload["environment"]
+    results = [Result(**r) for r in payload["results"]]
+    trailing = trailing_rows(results)
+    summary = (["\n### Where fa_amd trails a rival (" + ", ".join(RIVALS) + ")\n"]
+               + (trailing or ["- nowhere in this run"]))
+    figure = [f"\n![TFLOP/s per sequence length, dense rows]({plot_file})"] if plot_file else []
     return "\n".join([
         "# Performance", "",
         f"Measured by `fa-amd bench` on **{env.get('gpu')}** ({env.get('arch')}, {env.get('runtime', '')}), "
@@ -406,7 +431,7 @@ def markdown_doc(payload: Dict) -> str:
         "installed, and eager PyTorch (skipped where its score matrices would not fit).", "",
         "Regenerate: `fa-amd bench --out bench_out --markdown docs/PERFORMANCE.md` (or "
         "`fa-amd bench --from-json bench_out/results.json --markdown docs/PERFORMANCE.md`).",
-        markdown_tables([Result(**r) for r in payload["results"]]), ""])
+        markdown_tables(results), *summary, *figure, ""])
 
 
 def plot(results: List[Result], path: str, title: str):
@@ -529,9 +554,17 @@ def run_cli(args) -> int:
         print(f"results: {args.out}/results.json, {args.out}/bench.md")
     if args.markdown:
         os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        # the plot goes next to the doc (docs/PERFORMANCE.md -> docs/PERFORMANCE.png), linked from it
+        plot_path = os.path.splitext(args.markdown)[0] + ".png"
+        try:
+            env = payload["environment"]
+            plotted = plot(results, plot_path,
+                           f"{env.get('gpu')} {payload['dtype']} torch {env['torch']} triton {env['triton']}")
+        except ImportError:
+            plotted = False
         with open(args.markdown, "w") as f:
-            f.write(markdown_doc(payload))
-        print(f"wrote {args.markdown}")
+            f.write(markdown_doc(payload, os.path.basename(plot_path) if plotted else None))
+        print(f"wrote {args.markdown}" + (f" and {plot_path}" if plotted else ""))
     fa_rows = [r for r in results if r.method == "fa_amd"]
     if fa_rows and all(r.ms is None for r in fa_rows):
         print("error: every fa_amd measurement failed", file=sys.stderr)

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import ops  # noqa: F401  (registers torch.ops.fa_amd.*)
+from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
 from .arch import INTERPRET, check_interpreter_supported
 from .kernels.attention import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
@@ -209,7 +209,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
-    out, lse, probs = torch.ops.fa_amd.attention_fwd(
+    out, lse, probs = ops.attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
         _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
     return _finish(out, lse, probs, return_attn_probs)
@@ -263,7 +263,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, return_attn_probs)
-    out, lse, probs = torch.ops.fa_amd.attention_fwd(
+    out, lse, probs = ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
         alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
     return _finish(out, lse, probs, return_attn_probs)

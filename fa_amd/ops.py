@@ -1,9 +1,17 @@
-"""torch.library custom ops around the Triton launchers, with fake (meta)
-implementations and autograd registration.
+"""The attention op: torch.library custom ops around the Triton launchers (with
+fake implementations and autograd registration) for torch.compile, and one
+autograd.Function over the same functions for eager mode; `attention` picks.
 
-Why custom ops rather than a bare autograd.Function: torch.compile then sees one
-opaque node per direction with exact fake shapes (no graph breaks, no attempt to
-trace Triton internals), and the same ops serve eager, compile and CUDA graphs.
+Why custom ops: torch.compile then sees one opaque node per direction with exact
+fake shapes (no graph breaks, no attempt to trace Triton internals).
+Why not only custom ops: in eager mode their Python dispatch (argument
+defaults, alias checks, the generated autograd wrapper) cost more host time than
+the launches themselves; on the lent H100 one forward+backward at (16, 1024, 16,
+128) took ~1.9 ms of host time through the op and ~1.1 ms through the plain
+autograd.Function, against ~1.1 ms of GPU time, so small and mid-sized calls
+were bound by the CPU (docs/TUNING_NOTES.md v6).  Both paths run the same
+`attention_forward` / `_backward_impl`, save the same tensors, and CUDA graphs
+capture either.
 
 Arguments arrive already validated and normalized by fa_amd.interface:
 window (-1 = unbounded, causal already folded into window_right=0), a float
@@ -56,6 +64,14 @@ def attention_bwd(
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
+    return _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                          deterministic)
+
+
+def _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                   deterministic):
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dout = with_int32_row_offsets("dout", dout, max_seqlen_q, cu_seqlens_q is not None)
@@ -79,14 +95,44 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, _probs)
 
 
-def _backward(ctx, dout, _dlse, _dprobs):
+def _backward_with(bwd, ctx, dout):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
      deterministic) = ctx.params
-    dq, dk, dv = torch.ops.fa_amd.attention_bwd(
-        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, deterministic)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                     deterministic)
     return (dq, dk, dv) + (None,) * 13
 
 
+def _backward(ctx, dout, _dlse, _dprobs):
+    # the op, not the function: a compiled graph's backward must see an opaque node too
+    return _backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout)
+
+
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The custom op's forward and backward without its dispatch (eager mode only)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = attention_forward(*inputs[:-1])  # the last input, `deterministic`, is for the backward
+        _setup_context(ctx, inputs, output)
+        ctx.set_materialize_grads(False)  # the backward ignores the lse / probs grads: no zero tensors
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, _dlse, _dprobs):
+        if dout is None:  # only lse / probs were used: no gradient flows to q, k, v
+            return (None,) * 16
+        return _backward_with(_backward_impl, ctx, dout)
+
+
+def attention(*inputs):
+    """(out, softmax_lse, probs) for attention_fwd's arguments, differentiable in q, k, v: the
+    custom op while torch.compile traces, the autograd.Function otherwise."""
+    if torch.compiler.is_compiling():
+        return torch.ops.fa_amd.attention_fwd(*inputs)
+    return EagerAttention.apply(*inputs)

@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="throughput: measure every implementation this many times, in alternating order "
+                             "(a fresh model each time), and report the median round: the GPU's clock and "
+                             "the order of the runs then favour no implementation")
     parser.add_argument("--data", choices=("synthetic", "fixed", "corpus"), default=None,
                         help="synthetic (throughput default): random tokens, lengths uniform in [seq-len/4, seq-len], "
                              "so every seq-len is really exercised; fixed: random tokens, every sample exactly "
@@ -219,40 +223,60 @@ def measure_throughput(args, device) -> list[dict]:
                                    args.warmup_steps + args.steps, args.seed)
             real_tokens = sum(data.real_token_count(b) for b in batches[args.warmup_steps:])
             computed_tokens = sum(b["input_ids"].numel() for b in batches[args.warmup_steps:])
-            for attn in args.attn:
-                cell = {"attn": attn, "mode": mode, "seq_len": seq_len, "batch_tokens": batch_tokens,
-                        "padding_fraction": 1 - real_tokens / computed_tokens}
-                model = optimizer = None
-                try:
-                    model, optimizer = build(args, attn, seq_len, tokenizer, dtype, device)
-                    device_batches = [to_device(b, device) for b in batches]
-                    for batch in device_batches[: args.warmup_steps]:
-                        train_step(model, optimizer, batch, None, device)
-                    synchronize(device)
-                    release(device)
-                    started = time.perf_counter()
-                    for batch in device_batches[args.warmup_steps:]:
-                        loss = train_step(model, optimizer, batch, None, device)
-                    synchronize(device)
-                    seconds = time.perf_counter() - started
-                    cell.update({
-                        "status": "ok",
-                        "tokens_per_s": real_tokens / seconds,
-                        "step_ms": 1000 * seconds / args.steps,
-                        "peak_mem_gb": common.peak_memory_gb(device),
-                        "final_loss": float(loss),
-                    })
-                except torch.OutOfMemoryError:
-                    cell.update({"status": "OOM"})
-                except Exception as err:  # one failing cell must not lose the whole table
-                    cell.update({"status": f"error: {type(err).__name__}: {err}"[:300]})
-                finally:
-                    del model, optimizer
-                    device_batches = None
-                    release(device, attn)
-                results.append(cell)
-                print(f"[bench] {format_row(cell)}", flush=True)
+            rounds = {attn: [] for attn in args.attn}
+            for round_index in range(args.rounds):
+                for attn in args.attn if round_index % 2 == 0 else args.attn[::-1]:
+                    cell = {"attn": attn, "mode": mode, "seq_len": seq_len, "batch_tokens": batch_tokens,
+                            "padding_fraction": 1 - real_tokens / computed_tokens}
+                    measure_cell(args, attn, cell, batches, seq_len, tokenizer, dtype, device, real_tokens)
+                    rounds[attn].append(cell)
+                    print(f"[bench] {format_row(cell)}", flush=True)
+            results += [_median_round(rounds[attn]) for attn in args.attn]
     return results
+
+
+def measure_cell(args, attn: str, cell: dict, batches, seq_len: int, tokenizer, dtype, device, real_tokens: int) -> dict:
+    """Train `args.warmup_steps` untimed then `args.steps` timed steps of a fresh model; fills in `cell`."""
+    import torch
+
+    model = optimizer = None
+    try:
+        model, optimizer = build(args, attn, seq_len, tokenizer, dtype, device)
+        device_batches = [to_device(b, device) for b in batches]
+        for batch in device_batches[: args.warmup_steps]:
+            train_step(model, optimizer, batch, None, device)
+        synchronize(device)
+        release(device)
+        started = time.perf_counter()
+        for batch in device_batches[args.warmup_steps:]:
+            loss = train_step(model, optimizer, batch, None, device)
+        synchronize(device)
+        seconds = time.perf_counter() - started
+        cell.update({
+            "status": "ok",
+            "tokens_per_s": real_tokens / seconds,
+            "step_ms": 1000 * seconds / args.steps,
+            "peak_mem_gb": common.peak_memory_gb(device),
+            "final_loss": float(loss),
+        })
+    except torch.OutOfMemoryError:
+        cell.update({"status": "OOM"})
+    except Exception as err:  # one failing cell must not lose the whole table
+        cell.update({"status": f"error: {type(err).__name__}: {err}"[:300]})
+    finally:
+        del model, optimizer
+        device_batches = None
+        release(device, attn)
+    return cell
+
+
+def _median_round(cells: list) -> dict:
+    """The round with the median tokens/s (any failed round is reported instead), with every round's tokens/s."""
+    failed = [c for c in cells if c["status"] != "ok"]
+    if failed or len(cells) == 1:
+        return (failed or cells)[0]
+    ranked = sorted(cells, key=lambda c: c["tokens_per_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "tokens_per_s_rounds": [c["tokens_per_s"] for c in cells]}
 
 
 def format_row(cell) -> str:

@@ -35,9 +35,24 @@ def test_bench_smoke(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
     doc = (tmp_path / "PERF.md").read_text()
     assert "triton" in doc and "| fa_amd" not in doc.splitlines()[0]
+    # the plot sits next to the doc and is linked from it; the rows a rival wins are listed
+    assert (tmp_path / "PERF.png").stat().st_size > 0 and "](PERF.png)" in doc
+    assert "Where fa_amd trails" in doc
     # the doc regenerates from the JSON alone
     res2 = run_cli("bench", "--from-json", str(tmp_path / "results.json"), "--markdown", str(tmp_path / "P2.md"))
-    assert res2.returncode == 0 and (tmp_path / "P2.md").read_text() == doc
+    assert res2.returncode == 0 and (tmp_path / "P2.md").read_text() == doc.replace("PERF.png", "P2.png")
+
+
+def test_trailing_rows_names_every_faster_rival():
+    from fa_amd.bench import Result, trailing_rows
+
+    def result(method, mode, tflops):
+        return Result(shape={}, label="b1 s64", kind="dense", method=method, mode=mode, ms=1.0, tflops=tflops)
+
+    rows = [result("fa_amd", "fwd", 100.0), result("flex", "fwd", 120.0), result("sdpa_flash", "fwd", 90.0),
+            result("fa_amd", "fwd+bwd", 80.0), result("flex", "fwd+bwd", 70.0),
+            result("sdpa_cudnn", "fwd+bwd", 200.0)]  # cuDNN is the stretch goal, not a rival
+    assert trailing_rows(rows) == ["- b1 s64, fwd: fa_amd 100 < flex 120"]
 
 
 def test_bench_needs_gpu_without_smoke(capsys):

@@ -219,7 +219,7 @@ def test_bench_throughput_table(tmp_path, recipe_env):
     output_dir = tmp_path / "bench"
     _, output = run_recipe(
         [sys.executable, str(RECIPES / "bench_train.py"), "--attn", "eager", "--modes", "padded", "packed",
-         "--steps", "1", "--warmup-steps", "1", "--seq-lens", "64", "--batch-tokens", "128",
+         "--steps", "1", "--warmup-steps", "1", "--seq-lens", "64", "--batch-tokens", "128", "--rounds", "3",
          "--output-dir", str(output_dir), *TINY_MODEL],
         recipe_env,
     )
@@ -228,6 +228,9 @@ def test_bench_throughput_table(tmp_path, recipe_env):
     assert set(cells) == {("eager", "padded"), ("eager", "packed")}
     assert all(c["status"] == "ok" and c["tokens_per_s"] > 0 for c in cells.values()), report["results"]
     assert cells[("eager", "packed")]["padding_fraction"] == 0
+    # --rounds 3: each cell is the median of three measurements, all of them kept
+    rounds = cells[("eager", "padded")]["tokens_per_s_rounds"]
+    assert len(rounds) == 3 and cells[("eager", "padded")]["tokens_per_s"] == sorted(rounds)[1]
     assert "tokens/s" in output
 
 

@@ -145,6 +145,28 @@ def test_autograd_matches_reference(device, interleaved):
     torch.testing.assert_close(k.grad.double(), k64.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_double_backward_matches_reference(device, interleaved):
+    """Eager calls run an autograd.Function whose backward is the inverse rotation through the
+    same Function, so a gradient of a gradient (create_graph=True) is the kernel too."""
+    torch.manual_seed(5)
+    b, s, h, d, rd = 1, 13, 3, 32, 16
+    x = torch.randn(b, h, s, d, device=device, requires_grad=True)
+    cos, sin = hf_cos_sin(b, s, rd, device)
+    g = torch.randn(b, h, s, d, device=device, requires_grad=True)
+    w = torch.randn(b, h, s, d, device=device)
+    (x_rot, _) = apply_rotary_emb(x, None, cos, sin, interleaved=interleaved)
+    (gx,) = torch.autograd.grad((x_rot * g).sum(), x, create_graph=True)
+    (gx * w).sum().backward()  # d/dg of <R^T g, w> = R w
+
+    x64 = x.detach().double().requires_grad_()
+    ref = rotary_ref(x64.transpose(1, 2), cos, sin, interleaved).transpose(1, 2)
+    (gx_ref,) = torch.autograd.grad((ref * g.detach().double()).sum(), x64)
+    torch.testing.assert_close(gx.detach().double(), gx_ref, atol=1e-5, rtol=1e-5)
+    expected_gg = rotary_ref(w.double().transpose(1, 2), cos, sin, interleaved).transpose(1, 2)
+    torch.testing.assert_close(g.grad.double(), expected_gg, atol=1e-5, rtol=1e-5)
+
+
 def test_custom_op_registration(device):
     torch.manual_seed(3)
     x = torch.randn(2, 5, 3, 16, device=device, requires_grad=True)

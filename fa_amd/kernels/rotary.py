@@ -261,6 +261,32 @@ def _bwd_of_bwd(ctx, grad):
 _rotary_bwd_op.register_autograd(_bwd_of_bwd, setup_context=_setup_context)
 
 
+# Eager mode: the same launcher through a plain autograd.Function, without the
+# custom ops' Python dispatch (which cost more host time than the launch; see
+# fa_amd/ops.py).  `inverse` rotates by -theta; the backward of each direction is
+# the other one, so double backward works too.
+class _EagerRotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved, inverse):
+        _setup_context(ctx, (x, cos, sin, interleaved), None)
+        ctx.inverse = inverse
+        return _launch(x, cos, sin, interleaved, backward=inverse)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        return _EagerRotary.apply(grad, cos, sin, ctx.interleaved, not ctx.inverse), None, None, None, None
+
+
+def _rotate(x, cos, sin, interleaved: bool):
+    """Differentiable rotary_forward: the custom op while torch.compile traces, else the Function."""
+    if torch.compiler.is_compiling():
+        return _rotary_fwd_op(x, cos, sin, interleaved)
+    return _EagerRotary.apply(x, cos, sin, interleaved, False)
+
+
 # ---------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------
@@ -276,7 +302,7 @@ def _rotate_one(x: torch.Tensor, cos, sin, interleaved: bool, heads_first: bool,
     x_bshd = x.transpose(1, 2) if heads_first else x
     if x_bshd.stride(-1) != 1:
         x_bshd = x_bshd.contiguous()
-    out = _rotary_fwd_op(x_bshd, cos.to(x.dtype), sin.to(x.dtype), interleaved)
+    out = _rotate(x_bshd, cos.to(x.dtype), sin.to(x.dtype), interleaved)
     return out.transpose(1, 2) if heads_first else out
 
 

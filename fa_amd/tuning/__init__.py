@@ -47,6 +47,14 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False) -> D
     return cfg
 
 
+# (arch, kernel, head dim, fp32, causal) -> (the rows it was resolved from, launch dict).
+# Every launch asks for its config; resolving it again each time was most of the
+# launchers' host time.  An entry is used only while the table it came from is
+# the same object (a tuned table read from disk, a candidate under test, or a
+# replaced default list are new objects).
+_RESOLVED: Dict[tuple, tuple] = {}
+
+
 def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict:
     """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options."""
     if kernel not in KERNELS:
@@ -57,6 +65,18 @@ def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = Fa
         autotune.ensure_tuned(arch, head_dim_padded)  # no-op unless FA_AMD_AUTOTUNE=1
     family = family_of(arch)
     rows = _overrides().get(family) or TABLES[family]
+    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal))
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is rows:
+        return dict(hit[1])
+    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal)
+    if len(_RESOLVED) > 256:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (rows, cfg)
+    return dict(cfg)
+
+
+def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool) -> Dict:
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
     # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
     cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal)

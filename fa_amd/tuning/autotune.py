@@ -41,8 +41,15 @@ OPTIONAL_KERNELS = ("dkdv_atomic",)
 
 
 def tuned_table_path() -> Path:
-    root = os.environ.get("FA_AMD_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fa_amd")
-    return Path(root) / "tuned_table.json"
+    return Path(_tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME")))
+
+
+@functools.lru_cache(maxsize=8)
+def _tuned_table_path(cache_dir: Optional[str], _home: Optional[str]) -> str:
+    # keyed on the two variables it depends on: every launch asks (via get_config),
+    # and building the path with pathlib/expanduser cost more than the launch's own Python
+    root = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "fa_amd")
+    return os.path.join(root, "tuned_table.json")
 
 
 def autotune_enabled() -> bool:
@@ -99,11 +106,14 @@ def load_tuned_table() -> dict:
     """{family: rows} for every family with tuned rows on disk (merged over the defaults)."""
     if _candidate_override is not None:
         return _candidate_override
-    return _load_from_disk(str(tuned_table_path()))
+    return _load_from_disk(_tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME")))
 
 
 def invalidate_cache():
+    from . import _RESOLVED
+
     _load_from_disk.cache_clear()
+    _RESOLVED.clear()
 
 
 def save_tuned_rows(family: str, rows: List[dict], path: Optional[Path] = None) -> Path:

@@ -309,3 +309,34 @@ def test_torch_compile_fullgraph(device):
     loss = compiled(q, k, v, cu)
     loss.backward()
     assert q.grad is not None and not torch.isnan(q.grad).any()
+
+
+def test_eager_and_compiled_paths_agree(device):
+    """Eager calls use the plain autograd.Function (fa_amd.ops.EagerAttention), compiled graphs the
+    custom op; both run the same launchers, so outputs and gradients are identical bit for bit."""
+    torch._dynamo.reset()
+    q, k, v = dense_qkv(device, torch.float32, 2, 17, 17, 4, 2, 40)
+    dout = randn(*q.shape, dtype=torch.float32, device=device, requires_grad=False)
+    out = fa_amd.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    assert type(out.grad_fn).__name__ == "EagerAttentionBackward"
+    out.backward(dout)
+    eager_grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    compiled = torch.compile(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=True),
+                             fullgraph=True, backend="aot_eager")
+    out_c = compiled(q, k, v)
+    out_c.backward(dout)
+    torch.testing.assert_close(out_c, out, rtol=0, atol=0)
+    for t, g in zip((q, k, v), eager_grads):
+        torch.testing.assert_close(t.grad, g, rtol=0, atol=0)
+
+
+def test_lse_and_probs_are_not_differentiable(device):
+    """As in flash-attn, only `out` carries gradients (the eager Function does not even build zero
+    gradients for lse / probs); a zero output gradient gives exactly zero dq, dk, dv."""
+    q, k, v = dense_qkv(device, torch.float32, 1, 9, 9, 2, 2, 16)
+    out, lse, probs = fa_amd.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert not lse.requires_grad and not probs.requires_grad
+    (out.sum() * 0).backward()
+    assert all(torch.count_nonzero(t.grad) == 0 for t in (q, k, v))
