@@ -81,6 +81,10 @@ class Result:
     tflops: Optional[float] = None
     peak_mib: Optional[float] = None  # fwd+bwd only
     note: str = ""
+    # --host-time, fwd+bwd only: CPU time to issue one call (no sync), and the GPU time of one call
+    # replayed from a CUDA graph (no host work at all); host_ms >= graph_ms means the row measured the CPU
+    host_ms: Optional[float] = None
+    graph_ms: Optional[float] = None
 
 
 def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None) -> List[Shape]:
@@ -285,7 +289,55 @@ def peak_memory_mib(fn) -> Optional[float]:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_method(method: str, shape: Shape, dtype, device, smoke: bool) -> List[Result]:
+def host_ms_per_call(fn, grad_to_none, calls: int = 20) -> float:
+    """Host milliseconds to issue one call: `calls` back to back with no synchronization in between."""
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        for t in grad_to_none:
+            t.grad = None
+        fn()
+    elapsed = time.perf_counter() - start
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return 1e3 * elapsed / calls
+
+
+def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
+    """GPU milliseconds of one call captured in a CUDA graph and replayed (None where it cannot be captured)."""
+    if not torch.cuda.is_available():
+        return None
+    import triton
+
+    def fresh_call():  # gradients assigned, not accumulated: no extra add kernels in the graph
+        for t in grad_to_none:
+            t.grad = None
+        fn()
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+            for _ in range(3):
+                fresh_call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for t in grad_to_none:
+            t.grad = None
+        with torch.cuda.graph(graph):
+            fn()
+        ms = float(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+    except Exception:  # a peer that cannot be captured (e.g. a host sync inside): no GPU-only time
+        return None
+    finally:
+        for t in grad_to_none:
+            t.grad = None
+    return ms
+
+
+def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_time: bool = False) -> List[Result]:
     base = dict(shape=asdict(shape), label=shape.label, kind=shape.kind, method=method)
     try:
         fn, layout = MAKERS[method](shape, device)
@@ -308,7 +360,11 @@ def bench_method(method: str, shape: Shape, dtype, device, smoke: bool) -> List[
         try:
             ms = time_ms(call, grad_to_none=[q, k, v], smoke=smoke)
             peak = peak_memory_mib(fwd_bwd) if mode == "fwd+bwd" else None
-            results.append(Result(**base, mode=mode, ms=ms, tflops=mult * flops / (ms * 1e-3) / 1e12, peak_mib=peak))
+            extra = {}
+            if host_time and mode == "fwd+bwd":
+                extra = dict(host_ms=host_ms_per_call(call, (q, k, v)), graph_ms=graph_replay_ms(call, (q, k, v)))
+            results.append(Result(**base, mode=mode, ms=ms, tflops=mult * flops / (ms * 1e-3) / 1e12, peak_mib=peak,
+                                  **extra))
         except Exception as exc:  # a peer that cannot run this shape: report, keep going
             reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
             results.append(Result(**base, mode=mode, note=f"n/a: {type(exc).__name__}: {reason}"))
@@ -335,12 +391,13 @@ def environment(device) -> Dict:
     return env
 
 
-def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None) -> List[Result]:
+def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
+        host_time=False) -> List[Result]:
     results = []
     for shape in shapes(quick, smoke, head_dims):
         log(f"{shape.label}")
         for method in methods:
-            method_results = bench_method(method, shape, dtype, device, smoke)
+            method_results = bench_method(method, shape, dtype, device, smoke, host_time)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the method's inputs are gone now; give the next one all memory
             for r in method_results:
@@ -386,6 +443,19 @@ def markdown_tables(results: List[Result]) -> str:
             else:
                 cells.append(f"{r.peak_mib:.0f}")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(r.host_ms is not None for r in results):
+        out += ["\n### Host vs GPU time of one forward + backward (ms: CPU time to issue it / GPU time from a "
+                "CUDA graph replay; host >= GPU means that row measured the CPU)\n",
+                "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+        for label in labels:
+            cells = []
+            for m in methods:
+                r = idx.get((label, m, "fwd+bwd"))
+                if r is None or r.host_ms is None:
+                    cells.append("n/a")
+                else:
+                    cells.append(f"{r.host_ms:.3f} / " + (f"{r.graph_ms:.3f}" if r.graph_ms is not None else "n/a"))
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
     notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
     if notes:
         out += ["\nn/a reasons:\n"] + [f"- {n}" for n in notes]
@@ -479,6 +549,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="methods to run (default: all; unavailable ones print n/a)")
     parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here")
     parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
+    parser.add_argument("--host-time", action="store_true",
+                        help="also measure, per forward+backward, the CPU time to issue one call and the GPU "
+                             "time of one call replayed from a CUDA graph: says which rows are bound by the CPU")
     parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
@@ -533,7 +606,8 @@ def run_cli(args) -> int:
         print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
               f"{args.dtype}")
         start = time.perf_counter()
-        results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims)
+        results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
+                      host_time=args.host_time)
         payload = {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
                    "results": [asdict(r) for r in results]}
     results = [Result(**r) for r in payload["results"]]

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fa_amd import bench, cli
 
@@ -24,7 +25,7 @@ def test_info():
 
 
 def test_bench_smoke(tmp_path):
-    res = run_cli("bench", "--smoke", "--out", str(tmp_path), "--markdown", str(tmp_path / "PERF.md"))
+    res = run_cli("bench", "--smoke", "--host-time", "--out", str(tmp_path), "--markdown", str(tmp_path / "PERF.md"))
     assert res.returncode == 0, res.stdout + res.stderr
     payload = json.loads((tmp_path / "results.json").read_text())
     fa = [r for r in payload["results"] if r["method"] == "fa_amd"]
@@ -38,6 +39,9 @@ def test_bench_smoke(tmp_path):
     # the plot sits next to the doc and is linked from it; the rows a rival wins are listed
     assert (tmp_path / "PERF.png").stat().st_size > 0 and "](PERF.png)" in doc
     assert "Where fa_amd trails" in doc
+    # --host-time: the CPU time to issue each forward+backward (no CUDA graph without a GPU)
+    fb = [r for r in fa if r["mode"] == "fwd+bwd"]
+    assert all(r["host_ms"] > 0 for r in fb) and "Host vs GPU time" in doc
     # the doc regenerates from the JSON alone
     res2 = run_cli("bench", "--from-json", str(tmp_path / "results.json"), "--markdown", str(tmp_path / "P2.md"))
     assert res2.returncode == 0 and (tmp_path / "P2.md").read_text() == doc.replace("PERF.png", "P2.png")
@@ -108,3 +112,13 @@ def test_parser_has_all_commands():
     parser = cli.build_parser()
     for cmd in ("info", "check", "bench", "tune", "compile"):
         assert parser.parse_args([cmd]).command == cmd
+
+
+@pytest.mark.gpu
+def test_host_time_columns_on_gpu():
+    """On a GPU, --host-time gives both numbers for fa_amd: the CPU time to issue a forward+backward
+    and the GPU time of the same call replayed from a CUDA graph."""
+    shape = bench.Shape(2, 256, 4, 2, 64, True)
+    results = bench.bench_method("fa_amd", shape, torch.bfloat16, "cuda", False, host_time=True)
+    fb = next(r for r in results if r.mode == "fwd+bwd")
+    assert fb.host_ms > 0 and fb.graph_ms is not None and fb.graph_ms > 0
