@@ -265,7 +265,9 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     values = dict(HEAD_DIM=job.head_dim, D_PAD=_d_pad(job.head_dim), INPUT_PRECISION="ieee",
                   IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
                   HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
-                  ATOMIC_DQ=job.kernel == "dkdv_atomic")
+                  ATOMIC_DQ=job.kernel == "dkdv_atomic",
+                  # the opt-in atomic sum of split GQA groups (tables.GQA_SPLIT_SUM) is off by default
+                  ATOMIC_DKDV=False)
     # kernel switches (RELOAD_CHUNK): the launch dict's value, else the launcher's default
     values.update({name: cfg.get(name, default) for name, default in KERNEL_SWITCHES.items()})
     values.update(VARIANTS[job.variant])

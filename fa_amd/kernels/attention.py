@@ -42,7 +42,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for, num_sms
 from ..tuning import get_bwd_config, get_fwd_config
-from ..tuning.tables import DKDV_MIN_PROGRAMS_PER_SM
+from ..tuning import tables
 from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
 
@@ -412,6 +412,7 @@ def attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     # program axis 1 = KV heads x group slices: this program sums query heads
@@ -482,10 +483,17 @@ def attn_bwd_dkdv_kernel(
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                                  HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
     dk = dk * sm_scale
-    tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
-             + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
-             + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    if ATOMIC_DKDV:
+        # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
+        tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+                      + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
+        tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+                      + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
+    else:
+        tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
+                 + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
+                 + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -804,7 +812,7 @@ def dkdv_heads_per_program(group: int, kv_programs: int, sms: int) -> int:
     programs write fp32 partial dK/dV that are summed afterwards."""
     if DKDV_HEADS_PER_PROGRAM is not None:
         return DKDV_HEADS_PER_PROGRAM
-    target = DKDV_MIN_PROGRAMS_PER_SM * sms
+    target = tables.DKDV_MIN_PROGRAMS_PER_SM * sms
     for per_program in range(group, 0, -1):
         if group % per_program == 0 and kv_programs * (group // per_program) >= target:
             return per_program
@@ -929,7 +937,13 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         group = hq // hk
         per_program = dkdv_heads_per_program(
             group, triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]) * hk * batch, num_sms(q))
-        if per_program < group:
+        split = per_program < group
+        atomic_dkdv = split and atomic_dq and tables.GQA_SPLIT_SUM == "atomic"
+        if atomic_dkdv:
+            # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero
+            dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
+            dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+        elif split:
             # partial sums per slice of the group, (.., hk * slices, d) in fp32
             part_shape = (*k.shape[:-2], hq // per_program, d)
             dk_out, dv_out = _new_output(k, part_shape, torch.float32), _new_output(v, part_shape, torch.float32)
@@ -940,8 +954,11 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             *strides_in, *_row_strides(dk_out, varlen), *_row_strides(dv_out, varlen),
             *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **common,
-                 ATOMIC_DQ=atomic_dq))
-        if per_program < group:
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv))
+        if atomic_dkdv:
+            dk.copy_(dk_out)
+            dv.copy_(dv_out)
+        elif split:
             # query head h belongs to KV head h // group: slices of one KV head are adjacent
             slices = group // per_program
             dk.copy_(dk_out.unflatten(-2, (hk, slices)).sum(-2))

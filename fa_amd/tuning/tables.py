@@ -28,6 +28,15 @@ user's GPU.
 # more, shorter programs fill the GPU and balance causal tails, at the cost of
 # fp32 partial dK/dV buffers summed afterwards.
 DKDV_MIN_PROGRAMS_PER_SM = 4
+# How the split slices of a GQA group are summed when dQ already uses atomics
+# (deterministic=False): "partials" writes one fp32 (.., hq / heads_per_program, d)
+# buffer per slice and sums it afterwards (bitwise reproducible dK/dV); "atomic"
+# adds every slice into one fp32 (.., hk, d) buffer with atomics (a 1/slices of the
+# bytes, which may stay in L2; dK/dV then carry last-bit noise like dQ).
+# Prediction (not yet measured, docs/TUNING_NOTES.md "Open"): at (8, 2048, 16/4)
+# causal the GQA backward moves toward the MHA one with the same FLOPs (1.68 vs
+# 2.14 ms forward+backward on an H100).  Default stays "partials" until measured.
+GQA_SPLIT_SUM = "partials"
 
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
 

@@ -201,10 +201,12 @@ def test_backward_is_deterministic(device):
 
 
 @pytest.mark.parametrize("heads_per_program", [1, 2, 4])
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic):
-    """dK/dV programs that sum only a slice of the GQA group (partial fp32 sums added afterwards)."""
+@pytest.mark.parametrize("deterministic,split_sum", [(True, "partials"), (False, "partials"), (False, "atomic")])
+def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, split_sum):
+    """dK/dV programs that sum only a slice of the GQA group: partial fp32 sums added afterwards, or
+    (opt-in, deterministic=False only) fp32 atomics into one buffer per KV head."""
     monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
+    monkeypatch.setattr(attention_kernels.tables, "GQA_SPLIT_SUM", split_sum)
     q, k, v = dense_qkv(device, torch.float16, 2, 29, 41, 8, 2, 40)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
                   causal=True)
