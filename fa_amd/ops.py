@@ -135,4 +135,7 @@ def attention(*inputs):
     custom op while torch.compile traces, the autograd.Function otherwise."""
     if torch.compiler.is_compiling():
         return torch.ops.fa_amd.attention_fwd(*inputs)
+    q, k, v = inputs[:3]
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return attention_forward(*inputs[:-1])  # inference: nothing to save, no autograd node
     return EagerAttention.apply(*inputs)

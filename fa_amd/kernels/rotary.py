@@ -284,6 +284,8 @@ def _rotate(x, cos, sin, interleaved: bool):
     """Differentiable rotary_forward: the custom op while torch.compile traces, else the Function."""
     if torch.compiler.is_compiling():
         return _rotary_fwd_op(x, cos, sin, interleaved)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return rotary_forward(x, cos, sin, interleaved)  # inference: no autograd node
     return _EagerRotary.apply(x, cos, sin, interleaved, False)
 
 

@@ -321,6 +321,9 @@ def test_eager_and_compiled_paths_agree(device):
     dout = randn(*q.shape, dtype=torch.float32, device=device, requires_grad=False)
     out = fa_amd.flash_attn_func(q, k, v, causal=True, deterministic=True)
     assert type(out.grad_fn).__name__ == "EagerAttentionBackward"
+    with torch.no_grad():  # inference skips the autograd node altogether
+        out_ng = fa_amd.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    assert out_ng.grad_fn is None and torch.equal(out_ng, out.detach())
     out.backward(dout)
     eager_grads = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
