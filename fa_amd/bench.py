@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -289,6 +290,12 @@ def peak_memory_mib(fn) -> Optional[float]:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def _clear_grads(tensors):
+    """The next backward assigns these gradients instead of adding to them (no extra add kernels)."""
+    for t in tensors:
+        t.grad = None
+
+
 def host_ms_per_call(fn, grad_to_none, calls: int = 20) -> float:
     """Host milliseconds to issue one call: `calls` back to back with no synchronization in between."""
     fn()
@@ -296,8 +303,7 @@ def host_ms_per_call(fn, grad_to_none, calls: int = 20) -> float:
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
-        for t in grad_to_none:
-            t.grad = None
+        _clear_grads(grad_to_none)
         fn()
     elapsed = time.perf_counter() - start
     if torch.cuda.is_available():
@@ -311,29 +317,23 @@ def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
         return None
     import triton
 
-    def fresh_call():  # gradients assigned, not accumulated: no extra add kernels in the graph
-        for t in grad_to_none:
-            t.grad = None
-        fn()
-
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
             for _ in range(3):
-                fresh_call()
+                _clear_grads(grad_to_none)
+                fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        for t in grad_to_none:
-            t.grad = None
+        _clear_grads(grad_to_none)
         with torch.cuda.graph(graph):
             fn()
         ms = float(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
     except Exception:  # a peer that cannot be captured (e.g. a host sync inside): no GPU-only time
         return None
     finally:
-        for t in grad_to_none:
-            t.grad = None
+        _clear_grads(grad_to_none)
     return ms
 
 
@@ -504,6 +504,16 @@ def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
         markdown_tables(results), *summary, *figure, ""])
 
 
+def write_plot(payload: Dict, results: List[Result], path: str) -> bool:
+    """The TFLOP/s plot of this run at `path`; False (with a note) without matplotlib or dense rows."""
+    env = payload["environment"]
+    try:
+        return plot(results, path, f"{env.get('gpu')} {payload['dtype']} torch {env['torch']} triton {env['triton']}")
+    except ImportError:
+        print("note: matplotlib not installed; no plot (pip install fa-amd[bench])")
+        return False
+
+
 def plot(results: List[Result], path: str, title: str):
     import matplotlib
 
@@ -618,24 +628,19 @@ def run_cli(args) -> int:
             json.dump(payload, f, indent=1)
         with open(os.path.join(args.out, "bench.md"), "w") as f:
             f.write(markdown_doc(payload))
-        try:
-            env = payload["environment"]
-            if plot(results, os.path.join(args.out, "bench.png"),
-                    f"{env.get('gpu')} {payload['dtype']} torch {env['torch']} triton {env['triton']}"):
-                print(f"plot: {os.path.join(args.out, 'bench.png')}")
-        except ImportError:
-            print("note: matplotlib not installed; no plot (pip install fa-amd[bench])")
+        if write_plot(payload, results, os.path.join(args.out, "bench.png")):
+            print(f"plot: {os.path.join(args.out, 'bench.png')}")
         print(f"results: {args.out}/results.json, {args.out}/bench.md")
     if args.markdown:
         os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
         # the plot goes next to the doc (docs/PERFORMANCE.md -> docs/PERFORMANCE.png), linked from it
         plot_path = os.path.splitext(args.markdown)[0] + ".png"
-        try:
-            env = payload["environment"]
-            plotted = plot(results, plot_path,
-                           f"{env.get('gpu')} {payload['dtype']} torch {env['torch']} triton {env['triton']}")
-        except ImportError:
-            plotted = False
+        drawn = os.path.join(args.out, "bench.png") if args.out else None
+        if drawn and os.path.exists(drawn):
+            shutil.copyfile(drawn, plot_path)  # the same figure: draw it once
+            plotted = True
+        else:
+            plotted = write_plot(payload, results, plot_path)
         with open(args.markdown, "w") as f:
             f.write(markdown_doc(payload, os.path.basename(plot_path) if plotted else None))
         print(f"wrote {args.markdown}" + (f" and {plot_path}" if plotted else ""))

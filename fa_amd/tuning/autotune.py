@@ -41,7 +41,11 @@ OPTIONAL_KERNELS = ("dkdv_atomic",)
 
 
 def tuned_table_path() -> Path:
-    return Path(_tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME")))
+    return Path(_current_table_path())
+
+
+def _current_table_path() -> str:
+    return _tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME"))
 
 
 @functools.lru_cache(maxsize=8)
@@ -106,7 +110,7 @@ def load_tuned_table() -> dict:
     """{family: rows} for every family with tuned rows on disk (merged over the defaults)."""
     if _candidate_override is not None:
         return _candidate_override
-    return _load_from_disk(_tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME")))
+    return _load_from_disk(_current_table_path())
 
 
 def invalidate_cache():
