@@ -40,6 +40,13 @@ import finetune_data as data  # noqa: E402
 BENCH_SHAPE = common.ModelShape(hidden_size=2048, intermediate_size=5632, num_layers=8, num_heads=16, num_kv_heads=4)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-loss", action="store_true",
@@ -53,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=positive_int, default=1,
                         help="throughput: measure every implementation this many times, in alternating order "
                              "(a fresh model each time), and report the median round: the GPU's clock and "
                              "the order of the runs then favour no implementation")

@@ -253,6 +253,14 @@ def test_tokenizer_training_is_deterministic():
     assert finetune_data.train_bpe_tokenizer(texts, 300).to_str() == first
 
 
+def test_bench_rounds_must_be_positive(capsys):
+    import bench_train
+
+    with pytest.raises(SystemExit):
+        bench_train.build_parser().parse_args(["--rounds", "0"])
+    assert "--rounds: must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_empty_dataset_is_a_clear_error(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n   \n")
     with pytest.raises(finetune_data.DataError, match="empty"):

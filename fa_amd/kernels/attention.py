@@ -938,6 +938,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         per_program = dkdv_heads_per_program(
             group, triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]) * hk * batch, num_sms(q))
         split = per_program < group
+        if tables.GQA_SPLIT_SUM not in ("partials", "atomic"):
+            raise ValueError(f"fa_amd.tuning.tables.GQA_SPLIT_SUM must be 'partials' or 'atomic', "
+                             f"got {tables.GQA_SPLIT_SUM!r}")
         atomic_dkdv = split and atomic_dq and tables.GQA_SPLIT_SUM == "atomic"
         if atomic_dkdv:
             # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero

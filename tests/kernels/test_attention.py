@@ -219,6 +219,14 @@ def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, s
     compare_varlen(fn, q, k, v, cu_q, cu_k, causal=True)
 
 
+def test_gqa_split_sum_must_be_known(device, monkeypatch):
+    monkeypatch.setattr(attention_kernels.tables, "GQA_SPLIT_SUM", "atomics")
+    q, k, v = dense_qkv(device, torch.float16, 1, 9, 9, 4, 2, 16)
+    out = fa_amd.flash_attn_func(q, k, v)
+    with pytest.raises(ValueError, match="GQA_SPLIT_SUM must be 'partials' or 'atomic', got 'atomics'"):
+        out.sum().backward()
+
+
 def test_dkdv_split_rule():
     from fa_amd.kernels.attention import dkdv_heads_per_program
 
