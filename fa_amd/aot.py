@@ -43,8 +43,10 @@ TARGETS = {
 }
 # dkdv_atomic: the dK/dV kernel that also accumulates dQ with fp32 atomics
 # (deterministic=False, flash-attn's default); dq is then not launched
-KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dq", "preprocess", "probs")
-DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dq", "preprocess")
+# dkdv_fused: the dK/dV kernel whose extra programs compute dQ (FUSED_DQ), built only where the
+# launcher fuses (tables.FUSED_DQ_FAMILIES, rows whose "dkdv" and "dq" entries share launch options)
+KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs")
+DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess")
 # (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
 HEAD_DIMS = (64, 80, 128, 256)
 DTYPES = ("fp16", "bf16")
@@ -59,6 +61,7 @@ _KERNEL_FN = {
     "fwd": "attn_fwd_kernel",
     "dkdv": "attn_bwd_dkdv_kernel",
     "dkdv_atomic": "attn_bwd_dkdv_kernel",
+    "dkdv_fused": "attn_bwd_dkdv_kernel",
     "dq": "attn_bwd_dq_kernel",
     "preprocess": "bwd_preprocess_kernel",
     "probs": "attn_probs_kernel",
@@ -73,7 +76,8 @@ _KERNEL_FN = {
 KNOWN_SCRATCH: Dict[tuple, str] = {}
 
 # kernel -> the table entry whose launch config it uses
-_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dkdv_atomic": "dkdv_atomic", "dq": "dq", "probs": "fwd", "preprocess": None}
+_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dkdv_atomic": "dkdv_atomic", "dkdv_fused": "dkdv", "dq": "dq",
+                 "probs": "fwd", "preprocess": None}
 
 
 @dataclass
@@ -140,7 +144,7 @@ def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
 def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     """Rough register-pressure score of a tile config (fp32 accumulators + score tile)."""
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    if kernel in ("dkdv", "dkdv_atomic"):
+    if kernel in ("dkdv", "dkdv_atomic", "dkdv_fused"):
         return bn * (2 * d_pad + bm)
     if kernel == "dq":
         return bm * (d_pad + bn)
@@ -166,6 +170,16 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False) -
     return cfg
 
 
+def builds(target: str, kernel: str, d_pad: int, causal: bool = False) -> bool:
+    """Whether the launcher runs this kernel for this table row: dkdv_fused only where fusable."""
+    if kernel != "dkdv_fused":
+        return True
+    from .tuning import bwd_fusable
+
+    return bwd_fusable(target, default_config(target, "dkdv", d_pad, causal),
+                       default_config(target, "dq", d_pad, causal))
+
+
 def _is_causal(variant: str) -> bool:
     """Variants with a right window edge launch with the table's "causal" override, as the launcher does."""
     return bool(VARIANTS.get(variant, {}).get("HAS_RIGHT"))
@@ -182,7 +196,7 @@ def full_jobs(targets, kernels) -> List[CompileJob]:
     return [CompileJob(t, k, d, dt, v)
             for t in targets for k in kernels for d in HEAD_DIMS for dt in DTYPES
             for v in (VARIANTS if k != "preprocess" else ("plain",))
-            if not (k == "preprocess" and d == 80)]
+            if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v))]
 
 
 def ci_jobs(targets, kernels) -> List[CompileJob]:
@@ -197,7 +211,7 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             if k == "preprocess":
                 jobs.append(CompileJob(t, k, 256, dtype, "plain"))
                 continue
-            rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH]
+            rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH and builds(t, k, d, causal=True)]
             if rows:
                 heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d, causal=True), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
@@ -266,8 +280,14 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
                   IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
                   HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
                   ATOMIC_DQ=job.kernel == "dkdv_atomic",
-                  # the opt-in atomic sum of split GQA groups (tables.GQA_SPLIT_SUM) is off by default
-                  ATOMIC_DKDV=False)
+                  FUSED_DQ=job.kernel == "dkdv_fused", DQ_BLOCK_M=16, DQ_BLOCK_N=16,
+                  POSITIVE_SCALE=True,  # softmax_scale > 0, as every default scale is
+                  # split GQA groups summed with atomics (tables.GQA_SPLIT_SUM): only where atomics are
+                  # allowed, i.e. the deterministic=False backward (atomic dQ, or fused on the tables' say)
+                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused") and _gqa_split_sum() == "atomic")
+    if job.kernel == "dkdv_fused":  # the dQ programs' tiles, as the launcher passes them
+        dq_cfg = default_config(job.target, "dq", _d_pad(job.head_dim), _is_causal(job.variant))
+        values.update(DQ_BLOCK_M=dq_cfg["BLOCK_M"], DQ_BLOCK_N=dq_cfg["BLOCK_N"])
     # kernel switches (RELOAD_CHUNK): the launch dict's value, else the launcher's default
     values.update({name: cfg.get(name, default) for name, default in KERNEL_SWITCHES.items()})
     values.update(VARIANTS[job.variant])
@@ -280,6 +300,12 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     if missing:
         raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")
     return constexprs
+
+
+def _gqa_split_sum() -> str:
+    from .tuning import tables
+
+    return tables.GQA_SPLIT_SUM
 
 
 def compile_options(cfg: Dict) -> Dict:

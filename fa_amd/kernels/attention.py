@@ -41,7 +41,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for, num_sms
-from ..tuning import get_bwd_config, get_fwd_config
+from ..tuning import bwd_fusable, family_of, get_bwd_config, get_fwd_config, nondeterministic_dq
 from ..tuning import tables
 from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
@@ -133,7 +133,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
                MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               RELOAD_CHUNK: tl.constexpr):
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if RELOAD_CHUNK:
@@ -153,16 +153,23 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             else:
                 kT = tl.load(kT_ptrs)
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
-        s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
-                          softcap_log2, slope_log2, win_left, win_right,
-                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASK:
-            # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
+        if POSITIVE_SCALE and not MASK and not IS_SOFTCAP and not HAS_ALIBI:
+            # plain scores: the row max of the raw tile scaled once per row, and the exp2
+            # argument as one FMA per element (scale > 0 keeps the max where it was)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
             m_shift = m_new
-        p = tl.exp2(s - m_shift[:, None])
+            p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+        else:
+            s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                              softcap_log2, slope_log2, win_left, win_right,
+                              MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if MASK:
+                # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_shift = m_new
+            p = tl.exp2(s - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -196,6 +203,7 @@ def attn_fwd_kernel(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    POSITIVE_SCALE: tl.constexpr,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -238,19 +246,19 @@ def attn_fwd_kernel(
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
                                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
                                offs_m, offs_n, offs_d, diag, k_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
                                offs_m, offs_n, offs_d, diag, k_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -412,7 +420,7 @@ def attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    ATOMIC_DKDV: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     # program axis 1 = KV heads x group slices: this program sums query heads
@@ -421,6 +429,26 @@ def attn_bwd_dkdv_kernel(
     pid_h = tl.program_id(1)
     hk = pid_h * heads_per_prog // GROUP
     b = tl.program_id(2)
+    if FUSED_DQ:
+        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
+        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
+        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
+        n_kv_programs = tl.cdiv(seqlen_k, BLOCK_N)
+        if pid_n >= n_kv_programs:
+            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
+            j = pid_n - n_kv_programs
+            g = j // n_q_blocks
+            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
+                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
+                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
+                        RELOAD_CHUNK)
+            return
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
@@ -551,7 +579,7 @@ def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_
 
 
 @triton.jit
-def attn_bwd_dq_kernel(
+def _dq_program(
     Q, K, V, DO, Lse, Delta, DQ,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
@@ -562,15 +590,13 @@ def attn_bwd_dq_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    GROUP, pid_m, h, b, num_heads, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees."""
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
@@ -605,7 +631,7 @@ def attn_bwd_dq_kernel(
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
-    bh = b * tl.num_programs(1) + h
+    bh = b * num_heads + h
 
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, diag, win_left, win_right,
@@ -632,6 +658,36 @@ def attn_bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+):
+    # heavier (later) query blocks first: better tail balance under causal masks
+    _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+                stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
+                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
 
 
 # --------------------------------------------------------------------------- probabilities (testing aid)
@@ -734,6 +790,12 @@ def with_int32_row_offsets(name: str, x: torch.Tensor, rows: int, varlen: bool) 
 # None: split GQA groups in the dK/dV kernel when the GPU would be under-filled
 # (dkdv_heads_per_program); tests set an int to force a split.
 DKDV_HEADS_PER_PROGRAM = None
+# The forward's plain (unmasked) tiles take the row max of the raw scores and scale it once
+# (POSITIVE_SCALE, for softmax_scale > 0); False keeps the scale-every-score path (for A/B timing).
+FWD_RAW_MAX = True
+# None: the backward's dQ strategy follows the tables (backward_dq_mode); tests set
+# "atomic" | "fused" | "separate" to run one path on any arch.
+BWD_DQ_MODE = None
 # Tests set this so every output starts as NaN: an element a kernel forgets to
 # write then fails the comparison instead of passing on leftover memory.
 POISON_OUTPUTS = False
@@ -781,8 +843,13 @@ def _shrink(cfg):
     return cfg
 
 
-def _launch(kernel, cfg, tile_key, span, grid_tail, args, kwargs):
-    """Launch `kernel` with the tiles of `cfg`; grid axis 0 covers `span` in steps of cfg[tile_key].
+def _blocks(span, tile_key):
+    """Grid axis 0 that covers `span` in steps of the config's tile `tile_key`."""
+    return lambda cfg: triton.cdiv(span, cfg[tile_key])
+
+
+def _launch(kernel, cfg, grid0, grid_tail, args, kwargs):
+    """Launch `kernel` with the tiles of `cfg`; grid axis 0 has grid0(cfg) programs.
 
     A table entry that needs more shared memory or registers than this GPU has
     (a smaller-LDS part, fp32 inputs) is shrunk with a warning, never turned
@@ -792,7 +859,7 @@ def _launch(kernel, cfg, tile_key, span, grid_tail, args, kwargs):
                tuple(sorted((k, v) for k, v in kwargs.items() if k.isupper())))
     cfg = _FITTED_CONFIGS.get(variant, cfg)
     while True:
-        grid = (triton.cdiv(span, cfg[tile_key]),) + tuple(grid_tail)
+        grid = (grid0(cfg),) + tuple(grid_tail)
         try:
             kernel[grid](*args, **kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg))
             return cfg
@@ -805,18 +872,33 @@ def _launch(kernel, cfg, tile_key, span, grid_tail, args, kwargs):
             cfg = _FITTED_CONFIGS[variant] = smaller
 
 
-def dkdv_heads_per_program(group: int, kv_programs: int, sms: int) -> int:
-    """Query heads one dK/dV program sums over: the whole GQA group (no extra
-    memory) unless that leaves fewer than DKDV_MIN_PROGRAMS_PER_SM programs per
-    SM; then the largest divisor of the group that reaches it (or 1). Split
-    programs write fp32 partial dK/dV that are summed afterwards."""
+def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                           block_m: int, block_n: int, sms: int, fused_dq: bool) -> int:
+    """Query heads one dK/dV program sums over: the whole GQA group (no extra memory) unless that
+    program would hold more than tables.DKDV_MAX_PROGRAM_SHARE of one SM's share of the launch's
+    work (a tail the rest of the GPU waits for); then one head per program (H100: splitting in
+    two was slower than either, docs/TUNING_NOTES.md v7).  Work is counted in (BLOCK_M x BLOCK_N)
+    tile pairs; dQ programs of a fused launch add 3/4 of the dK/dV work (3 matmuls per tile pair
+    instead of 4).  Split programs' dK/dV are summed afterwards (tables.GQA_SPLIT_SUM)."""
     if DKDV_HEADS_PER_PROGRAM is not None:
         return DKDV_HEADS_PER_PROGRAM
-    target = tables.DKDV_MIN_PROGRAMS_PER_SM * sms
-    for per_program in range(group, 0, -1):
-        if group % per_program == 0 and kv_programs * (group // per_program) >= target:
-            return per_program
-    return 1
+    rows = triton.cdiv(seqlen_q, block_m)  # query blocks the longest program visits, per head
+    pairs_per_head = rows * triton.cdiv(seqlen_k, block_n) * (0.5 if causal else 1.0)
+    work = pairs_per_head * group * kv_heads * batch * (1.75 if fused_dq else 1.0)
+    return group if group * rows <= tables.DKDV_MAX_PROGRAM_SHARE * work / sms else 1
+
+
+def backward_dq_mode(q: torch.Tensor, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
+    """How the backward computes dQ: "atomic" (fp32 atomics from the dK/dV programs; only when
+    deterministic=False and the arch's table says so, tables.NONDETERMINISTIC_DQ), else by dQ
+    programs that recompute S and dP: "fused" into the dK/dV launch when both kernels' launch
+    options (warps, stages, HIP options, kernel switches) agree, "separate" (a second launch) when not."""
+    if BWD_DQ_MODE is not None:
+        return "separate" if deterministic and BWD_DQ_MODE == "atomic" else BWD_DQ_MODE
+    arch = arch_for(q)
+    if not deterministic and nondeterministic_dq(arch) == "atomic":
+        return "atomic"
+    return "fused" if bwd_fusable(family_of(arch), dkdv_cfg, dq_cfg) else "separate"
 
 
 def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
@@ -883,14 +965,15 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
-    _launch(attn_fwd_kernel, cfg, "BLOCK_M", max_seqlen_q, (hq, batch), (
+    _launch(attn_fwd_kernel, cfg, _blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
-        *_lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common))
+        *_lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common,
+                                          POSITIVE_SCALE=softmax_scale > 0 and FWD_RAW_MAX))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
-        _launch(attn_probs_kernel, cfg, "BLOCK_M", max_seqlen_q, (hq, batch), (
+        _launch(attn_probs_kernel, cfg, _blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
             q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
             *_row_strides(q, varlen), *_row_strides(k, varlen), *_lse_strides(lse, varlen),
             probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
@@ -930,18 +1013,24 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         )
     strides_in = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
                   *_row_strides(dout, varlen))
-    atomic_dq = not deterministic and max_seqlen_q > 0
+    mode = backward_dq_mode(q, deterministic, cfgs["dkdv"], cfgs["dq"])
+    if max_seqlen_q == 0 or max_seqlen_k == 0:
+        mode = "separate"  # one side is empty: nothing to fuse, no dQ to add up
+    atomic_dq = mode == "atomic"
+    fused = mode == "fused"
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
     if max_seqlen_k > 0:
         dkdv_cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
         group = hq // hk
-        per_program = dkdv_heads_per_program(
-            group, triton.cdiv(max_seqlen_k, dkdv_cfg["BLOCK_N"]) * hk * batch, num_sms(q))
+        dq_blocks = triton.cdiv(max_seqlen_q, cfgs["dq"]["BLOCK_M"]) if fused else 0
+        per_program = 1 if group == 1 else dkdv_heads_per_program(
+            group, hk, batch, max_seqlen_q, max_seqlen_k, flags["HAS_RIGHT"], dkdv_cfg["BLOCK_M"],
+            dkdv_cfg["BLOCK_N"], num_sms(q), fused)
         split = per_program < group
         if tables.GQA_SPLIT_SUM not in ("partials", "atomic"):
             raise ValueError(f"fa_amd.tuning.tables.GQA_SPLIT_SUM must be 'partials' or 'atomic', "
                              f"got {tables.GQA_SPLIT_SUM!r}")
-        atomic_dkdv = split and atomic_dq and tables.GQA_SPLIT_SUM == "atomic"
+        atomic_dkdv = split and not deterministic and tables.GQA_SPLIT_SUM == "atomic"
         if atomic_dkdv:
             # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero
             dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
@@ -952,12 +1041,19 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             dk_out, dv_out = _new_output(k, part_shape, torch.float32), _new_output(v, part_shape, torch.float32)
         else:
             dk_out, dv_out = dk, dv
-        _launch(attn_bwd_dkdv_kernel, dkdv_cfg, "BLOCK_N", max_seqlen_k, (hq // per_program, batch), (
+        # fused: each axis-1 slot also runs dQ programs for its per_program query heads
+        dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
+            dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
+
+        def grid0(cfg):
+            return triton.cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
+
+        _launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *_row_strides(dk_out, varlen), *_row_strides(dv_out, varlen),
             *_row_strides(dq_accum, varlen), *_lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **common,
-                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv))
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles))
         if atomic_dkdv:
             dk.copy_(dk_out)
             dv.copy_(dv_out)
@@ -968,8 +1064,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             dv.copy_(dv_out.unflatten(-2, (hk, slices)).sum(-2))
     if atomic_dq:
         dq.copy_(dq_accum)
-    elif max_seqlen_q > 0:
-        _launch(attn_bwd_dq_kernel, cfgs["dq"], "BLOCK_M", max_seqlen_q, (hq, batch), (
+    elif max_seqlen_q > 0 and not fused:
+        _launch(attn_bwd_dq_kernel, cfgs["dq"], _blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *_row_strides(dq, varlen), *_lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))

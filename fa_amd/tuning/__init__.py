@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from ..arch import Arch
+from . import tables
 from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
@@ -93,3 +94,21 @@ def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, caus
 
 def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
     return {k: get_config(arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}
+
+
+def nondeterministic_dq(arch: Arch) -> str:
+    """"atomic" or "recompute": how the deterministic=False backward gets dQ on this arch
+    (tables.NONDETERMINISTIC_DQ)."""
+    mode = tables.NONDETERMINISTIC_DQ.get(family_of(arch), "atomic")
+    if mode not in ("atomic", "recompute"):
+        raise ValueError(f"fa_amd.tuning.tables.NONDETERMINISTIC_DQ[{family_of(arch)!r}] must be 'atomic' or "
+                         f"'recompute', got {mode!r}")
+    return mode
+
+
+def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
+    """Whether the dQ programs run in the dK/dV launch: the family fuses (tables.FUSED_DQ_FAMILIES)
+    and both launch dicts agree on everything but their tiles (warps, stages, HIP options, switches)."""
+    def rest(cfg):
+        return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+    return family in tables.FUSED_DQ_FAMILIES and rest(dkdv_cfg) == rest(dq_cfg)

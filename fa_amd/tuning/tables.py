@@ -22,21 +22,39 @@ the register budget of 64-wide wavefronts; `fa-amd tune` refines them on the
 user's GPU.
 """
 
-# GQA backward: when the dK/dV grid (key blocks x KV heads x batch) gives fewer
-# programs than this per SM/CU, each program takes a slice of its KV head's
-# query-head group instead of all of it (fa_amd.kernels.attention.dkdv_heads_per_program):
-# more, shorter programs fill the GPU and balance causal tails, at the cost of
-# fp32 partial dK/dV buffers summed afterwards.
-DKDV_MIN_PROGRAMS_PER_SM = 4
-# How the split slices of a GQA group are summed when dQ already uses atomics
-# (deterministic=False): "partials" writes one fp32 (.., hq / heads_per_program, d)
-# buffer per slice and sums it afterwards (bitwise reproducible dK/dV); "atomic"
-# adds every slice into one fp32 (.., hk, d) buffer with atomics (a 1/slices of the
-# bytes, which may stay in L2; dK/dV then carry last-bit noise like dQ).
-# Prediction (not yet measured, docs/TUNING_NOTES.md "Open"): at (8, 2048, 16/4)
-# causal the GQA backward moves toward the MHA one with the same FLOPs (1.68 vs
-# 2.14 ms forward+backward on an H100).  Default stays "partials" until measured.
-GQA_SPLIT_SUM = "partials"
+# GQA backward: a dK/dV program sums its KV head's whole query-head group unless that program
+# would be longer than this share of one SM's part of the launch's work (the rest of the GPU
+# would idle in its tail); then each program takes one query head, and the group's slices are
+# summed afterwards (fa_amd.kernels.attention.dkdv_heads_per_program).  H100, fused backward,
+# 2026-11-23 (.ci/gqa_split.py, docs/TUNING_NOTES.md v7), forward+backward ms, whole group /
+# 2 heads / 1 head per program (atomic sum): (8, 2048, 16/4) causal, whose whole-group program
+# is ~28 % of an SM's share: 1.66 / 1.63 / 1.41; (2, 4096, 16/4) causal (~57 %): 1.58 / 1.51 /
+# 1.25; (8, 2048, 16/4) non-causal (~15 %): 2.33 / 2.37 / 2.48.
+DKDV_MAX_PROGRAM_SHARE = 0.2
+# How the split slices of a GQA group are summed when atomics are allowed
+# (deterministic=False; deterministic=True always uses "partials"): "partials" writes one
+# fp32 (.., hq, d) buffer and sums its slices afterwards; "atomic" adds every slice into one
+# fp32 (.., hk, d) buffer with atomics (a quarter of the bytes at a 4:1 group).  H100, same
+# runs, one head per program: atomic 1.41 vs partials 1.51 ms at (8, 2048, 16/4) causal,
+# 1.25 vs 1.36 at (2, 4096, 16/4) causal, 4.62 vs 4.83 at (2, 8192, 16/4) causal.
+GQA_SPLIT_SUM = "atomic"
+
+# How the deterministic=False backward gets dQ, per arch family: "atomic" adds each dS K tile
+# into an fp32 dQ buffer from the dK/dV programs (5 matmuls per tile pair instead of 7, but the
+# buffer is zeroed, added into with atomics and converted afterwards); "recompute" runs dQ
+# programs that recompute S and dP, as deterministic=True does (fused into the dK/dV launch when
+# the "dkdv" and "dq" entries share launch options).  H100, 2026-11-23 (.ci/kernel_profile.py,
+# docs/TUNING_NOTES.md v7), forward+backward ms, atomic / recompute in a second launch / fused:
+# d128 (16, 1024) 1.48 / 1.37 / 1.29, (16, 1024) causal 1.04 / 1.23 / 0.91, GQA (8, 2048, 16/4)
+# causal 2.12 / 1.76 / 1.66 (before the GQA split rule above).
+# Families not listed use "atomic" (not measured there).
+NONDETERMINISTIC_DQ = {"sm90": "recompute"}
+# Families whose dQ programs run in the dK/dV launch (FUSED_DQ) when the row's "dkdv" and "dq"
+# entries share launch options: one launch instead of two, the dQ programs fill the GPU beside
+# the dK/dV ones, no idle tail between the kernels.  Measured on the H100 only; AMD families keep
+# two launches until timed there (the AOT check also showed the fused gfx908 d64 kernel spilling
+# 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
+FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
 

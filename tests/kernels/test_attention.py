@@ -38,6 +38,8 @@ FEATURES = {
     "window_right_only": {"window_size": (-1, 5)},
     "softcap": {"softcap": 2.5},
     "scale": {"softmax_scale": 0.37},
+    # the forward's plain tiles take the max of raw scores when the scale is positive; not here
+    "negative_scale": {"softmax_scale": -0.29},
     "causal_softcap_window": {"causal": True, "softcap": 4.0, "window_size": (13, 0)},
 }
 
@@ -201,11 +203,15 @@ def test_backward_is_deterministic(device):
 
 
 @pytest.mark.parametrize("heads_per_program", [1, 2, 4])
-@pytest.mark.parametrize("deterministic,split_sum", [(True, "partials"), (False, "partials"), (False, "atomic")])
-def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, split_sum):
+@pytest.mark.parametrize("deterministic,split_sum,dq_mode", [
+    (True, "partials", "fused"), (True, "partials", "separate"), (False, "partials", "atomic"),
+    (False, "atomic", "atomic"), (False, "atomic", "fused")])
+def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, split_sum, dq_mode):
     """dK/dV programs that sum only a slice of the GQA group: partial fp32 sums added afterwards, or
-    (opt-in, deterministic=False only) fp32 atomics into one buffer per KV head."""
+    (deterministic=False only) fp32 atomics into one buffer per KV head; with each way of
+    computing dQ (its own programs in the same launch or a second one, or atomics)."""
     monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
+    monkeypatch.setattr(attention_kernels, "BWD_DQ_MODE", dq_mode)
     monkeypatch.setattr(attention_kernels.tables, "GQA_SPLIT_SUM", split_sum)
     q, k, v = dense_qkv(device, torch.float16, 2, 29, 41, 8, 2, 40)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
@@ -230,10 +236,13 @@ def test_gqa_split_sum_must_be_known(device, monkeypatch):
 def test_dkdv_split_rule():
     from fa_amd.kernels.attention import dkdv_heads_per_program
 
-    assert dkdv_heads_per_program(4, kv_programs=10_000, sms=132) == 4  # full GPU: no split, no extra memory
-    assert dkdv_heads_per_program(4, kv_programs=256, sms=132) == 1  # anchor step: 256 -> 1024 programs
-    assert dkdv_heads_per_program(4, kv_programs=300, sms=132) == 2  # 600 >= 4 * 132
-    assert dkdv_heads_per_program(1, kv_programs=1, sms=132) == 1
+    # (group, kv heads, batch, seqlen q, seqlen k, causal, BLOCK_M, BLOCK_N, SMs, fused dQ programs)
+    assert dkdv_heads_per_program(4, 4, 8, 2048, 2048, False, 64, 128, 132, True) == 4  # short tail: no split
+    assert dkdv_heads_per_program(4, 4, 8, 2048, 2048, True, 64, 128, 132, True) == 1  # causal: heavier first blocks
+    assert dkdv_heads_per_program(4, 4, 2, 4096, 4096, True, 64, 128, 132, True) == 1  # the training anchor step
+    assert dkdv_heads_per_program(4, 4, 2, 4096, 4096, True, 64, 128, 132, False) == 1
+    assert dkdv_heads_per_program(4, 4, 64, 4096, 4096, True, 64, 128, 132, True) == 4  # a full GPU
+    assert dkdv_heads_per_program(8, 1, 1, 64, 64, False, 64, 128, 132, True) == 1  # tiny: any split helps
 
 
 def test_arbitrary_strides_and_noncontiguous_dout(device):

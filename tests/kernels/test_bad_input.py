@@ -171,11 +171,11 @@ def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
     args = (torch.zeros(1),)
     kernel = SharedMemoryHungryKernel()
     with pytest.warns(UserWarning, match="does not fit this GPU"):
-        used = attention_kernels._launch(kernel, cfg, "BLOCK_M", 100, (2, 1), args, {"HEAD_DIM": 64})
+        used = attention_kernels._launch(kernel, cfg, attention_kernels._blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
     assert used == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     assert launches[-1] == ((2, 2, 1), 32, 1)
     launches.clear()
-    attention_kernels._launch(kernel, cfg, "BLOCK_M", 100, (2, 1), args, {"HEAD_DIM": 64})
+    attention_kernels._launch(kernel, cfg, attention_kernels._blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
     assert len(launches) == 1, "the fitted config is remembered"
 
 
