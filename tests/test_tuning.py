@@ -176,3 +176,21 @@ def test_ensure_tuned_persists(cache_dir, monkeypatch):
         warnings.simplefilter("ignore")
         autotune.ensure_tuned(GFX942, 128)
     assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
+
+
+def test_backward_dq_policy_is_table_data(monkeypatch):
+    """deterministic=False's dQ (atomics or recompute) and the fused dK/dV + dQ launch come from the tables."""
+    from fa_amd.tuning import bwd_fusable, get_bwd_config, nondeterministic_dq, tables
+
+    sm90, gfx942 = Arch("cuda", "sm90", 32), Arch("hip", "gfx942", 64)
+    assert nondeterministic_dq(sm90) == "recompute"
+    assert nondeterministic_dq(gfx942) == "atomic"  # not measured there: the old default
+    d128 = get_bwd_config(sm90, 128)
+    assert bwd_fusable("sm90", d128["dkdv"], d128["dq"])
+    d64 = get_bwd_config(sm90, 64)  # its dq entry runs 4 warps, the dkdv one 8: two launches
+    assert not bwd_fusable("sm90", d64["dkdv"], d64["dq"])
+    amd = get_bwd_config(gfx942, 128)
+    assert not bwd_fusable("gfx942", amd["dkdv"], amd["dq"])
+    monkeypatch.setitem(tables.NONDETERMINISTIC_DQ, "sm90", "atomics")
+    with pytest.raises(ValueError, match=r"NONDETERMINISTIC_DQ\['sm90'\] must be 'atomic' or 'recompute'"):
+        nondeterministic_dq(sm90)

@@ -12,12 +12,14 @@ dropout.  Loops over key (or query) blocks are split in three ranges:
 and blocks outside [lo, hi) are never touched.
 
 Backward: one dK/dV program per key block (and KV head, or slice of its
-query-head group), dQ either from a second kernel (deterministic=True: no
-atomics anywhere, bitwise reproducible) or accumulated with fp32 atomics in
-the dK/dV kernel (deterministic=False, flash-attn's default trade).  With GQA
-and too few key blocks to fill the GPU, each program takes only part of its
-KV head's query-head group and the partial dK/dV are summed afterwards (in
-fp32, in a fixed order: still deterministic).
+query-head group).  dQ comes from dQ programs that recompute S and dP -- in
+the same launch as the dK/dV programs (FUSED_DQ, where the tables fuse) or in
+a second kernel -- with no atomics anywhere (bitwise reproducible), or, where
+the arch's table prefers it for deterministic=False, is accumulated with fp32
+atomics in the dK/dV programs (backward_dq_mode).  When a whole-group dK/dV
+program would leave a long tail (causal GQA), each program takes one query
+head and the slices are summed afterwards: fp32 partials in a fixed order
+(deterministic), or fp32 atomics where deterministic=False allows them.
 
 RELOAD_CHUNK (a constexpr every kernel but the preprocess takes; table data,
 fa_amd/tuning/tables.py): 0, the default on every target but RDNA, keeps the
