@@ -1,5 +1,5 @@
 """GPU experiment: forward-kernel A/B on the rows where FlexAttention's forward led (docs/TUNING_NOTES.md
-v7): the raw-score row max (attention.FWD_RAW_MAX) on/off and a few forward tiles, each timed as
+v7): the raw-score row max (tables.FWD_RAW_MAX_FAMILIES) on/off and a few forward tiles, each timed as
 `fa-amd bench` times the forward (no grad, do_bench median), in alternating rounds; FlexAttention's
 forward in the same rounds.  Prints the median over rounds per (row, variant)."""
 import json
@@ -10,7 +10,6 @@ import sys
 import torch
 
 from fa_amd import bench, tuning
-from fa_amd.kernels import attention as A
 from fa_amd.tuning import tables
 
 ROUNDS = int(os.environ.get("ROUNDS", 3))
@@ -40,7 +39,7 @@ def apply(head_dim, raw_max, tile):
     row = next(r for r in tables.TABLES["sm90"] if r["head_dim"] >= head_dim)
     if tile is not None:
         row["fwd"].update(BLOCK_M=tile[0], BLOCK_N=tile[1], num_warps=tile[2], num_stages=tile[3])
-    A.FWD_RAW_MAX = raw_max
+    tables.FWD_RAW_MAX_FAMILIES = ("sm90",) if raw_max else ()
     tuning._RESOLVED.clear()
 
 

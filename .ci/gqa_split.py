@@ -21,7 +21,7 @@ MHA = [bench.Shape(8, 2048, 16, 16, 128, True), bench.Shape(8, 2048, 16, 16, 128
 
 
 def cell(shape, split_sum, heads_per_program):
-    tables.GQA_SPLIT_SUM, A.DKDV_HEADS_PER_PROGRAM = split_sum, heads_per_program
+    tables.GQA_SPLIT_SUM["sm90"], A.DKDV_HEADS_PER_PROGRAM = split_sum, heads_per_program
     fb = next(r for r in bench.bench_method("fa_amd", shape, torch.bfloat16, "cuda", False, host_time=True)
               if r.mode == "fwd+bwd")
     row = dict(shape=shape.label, split_sum=split_sum, heads_per_program=heads_per_program or "rule", ms=fb.ms,

@@ -281,10 +281,12 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
                   HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
                   ATOMIC_DQ=job.kernel == "dkdv_atomic",
                   FUSED_DQ=job.kernel == "dkdv_fused", DQ_BLOCK_M=16, DQ_BLOCK_N=16,
-                  POSITIVE_SCALE=True,  # softmax_scale > 0, as every default scale is
+                  # the raw-score max (softmax_scale > 0, as every default scale is) where the tables use it
+                  POSITIVE_SCALE=job.target in _tables().FWD_RAW_MAX_FAMILIES,
                   # split GQA groups summed with atomics (tables.GQA_SPLIT_SUM): only where atomics are
                   # allowed, i.e. the deterministic=False backward (atomic dQ, or fused on the tables' say)
-                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused") and _gqa_split_sum() == "atomic")
+                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused")
+                  and _tables().GQA_SPLIT_SUM.get(job.target, "partials") == "atomic")
     if job.kernel == "dkdv_fused":  # the dQ programs' tiles, as the launcher passes them
         dq_cfg = default_config(job.target, "dq", _d_pad(job.head_dim), _is_causal(job.variant))
         values.update(DQ_BLOCK_M=dq_cfg["BLOCK_M"], DQ_BLOCK_N=dq_cfg["BLOCK_N"])
@@ -302,10 +304,10 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     return constexprs
 
 
-def _gqa_split_sum() -> str:
+def _tables():
     from .tuning import tables
 
-    return tables.GQA_SPLIT_SUM
+    return tables
 
 
 def compile_options(cfg: Dict) -> Dict:

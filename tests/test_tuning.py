@@ -179,7 +179,8 @@ def test_ensure_tuned_persists(cache_dir, monkeypatch):
 
 
 def test_backward_dq_policy_is_table_data(monkeypatch):
-    """deterministic=False's dQ (atomics or recompute) and the fused dK/dV + dQ launch come from the tables."""
+    """deterministic=False's dQ (atomics or recompute), the GQA slice sum and the fused dK/dV + dQ
+    launch come from the tables, per arch family."""
     from fa_amd.tuning import bwd_fusable, get_bwd_config, nondeterministic_dq, tables
 
     sm90, gfx942 = Arch("cuda", "sm90", 32), Arch("hip", "gfx942", 64)
@@ -191,6 +192,9 @@ def test_backward_dq_policy_is_table_data(monkeypatch):
     assert not bwd_fusable("sm90", d64["dkdv"], d64["dq"])
     amd = get_bwd_config(gfx942, 128)
     assert not bwd_fusable("gfx942", amd["dkdv"], amd["dq"])
+    from fa_amd.tuning import gqa_split_sum
+
+    assert gqa_split_sum(sm90) == "atomic" and gqa_split_sum(gfx942) == "partials"
     monkeypatch.setitem(tables.NONDETERMINISTIC_DQ, "sm90", "atomics")
     with pytest.raises(ValueError, match=r"NONDETERMINISTIC_DQ\['sm90'\] must be 'atomic' or 'recompute'"):
         nondeterministic_dq(sm90)

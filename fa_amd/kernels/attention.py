@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, family_of, get_bwd_config, get_fwd_config, nondeterministic_dq
+from ..tuning import bwd_fusable, family_of, get_bwd_config, get_fwd_config, gqa_split_sum, nondeterministic_dq
 from ..tuning import tables
 from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
@@ -774,6 +774,12 @@ MAX_GRID_YZ = 65535
 MAX_ROW_OFFSET = 2 ** 31 - 1
 
 
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division of Python ints (triton.cdiv is a constexpr-function object in recent
+    Triton, ~2 us a call: the launchers call this several times per step)."""
+    return -(-a // b)
+
+
 def row_offsets_fit(rows: int, row_stride: int, width: int) -> bool:
     """Whether `rows` rows of `width` elements, `row_stride` apart, stay within int32 offsets."""
     return rows <= 0 or (rows - 1) * row_stride + width - 1 <= MAX_ROW_OFFSET
@@ -792,9 +798,6 @@ def with_int32_row_offsets(name: str, x: torch.Tensor, rows: int, varlen: bool) 
 # None: split GQA groups in the dK/dV kernel when the GPU would be under-filled
 # (dkdv_heads_per_program); tests set an int to force a split.
 DKDV_HEADS_PER_PROGRAM = None
-# The forward's plain (unmasked) tiles take the row max of the raw scores and scale it once
-# (POSITIVE_SCALE, for softmax_scale > 0); False keeps the scale-every-score path (for A/B timing).
-FWD_RAW_MAX = True
 # None: the backward's dQ strategy follows the tables (backward_dq_mode); tests set
 # "atomic" | "fused" | "separate" to run one path on any arch.
 BWD_DQ_MODE = None
@@ -847,7 +850,7 @@ def _shrink(cfg):
 
 def _blocks(span, tile_key):
     """Grid axis 0 that covers `span` in steps of the config's tile `tile_key`."""
-    return lambda cfg: triton.cdiv(span, cfg[tile_key])
+    return lambda cfg: _cdiv(span, cfg[tile_key])
 
 
 def _launch(kernel, cfg, grid0, grid_tail, args, kwargs):
@@ -856,10 +859,15 @@ def _launch(kernel, cfg, grid0, grid_tail, args, kwargs):
     A table entry that needs more shared memory or registers than this GPU has
     (a smaller-LDS part, fp32 inputs) is shrunk with a warning, never turned
     into a Triton error for the user; the fitted config is remembered."""
-    name = getattr(getattr(kernel, "fn", None), "__name__", None) or str(kernel)
-    variant = (name, tuple(sorted(cfg.items())), str(args[0].dtype),
-               tuple(sorted((k, v) for k, v in kwargs.items() if k.isupper())))
-    cfg = _FITTED_CONFIGS.get(variant, cfg)
+    table_cfg = cfg
+
+    def variant():  # (kernel name, key of this table config's variant in _FITTED_CONFIGS)
+        name = getattr(getattr(kernel, "fn", None), "__name__", None) or str(kernel)
+        return name, (name, tuple(sorted(table_cfg.items())), str(args[0].dtype),
+                      tuple(sorted((k, v) for k, v in kwargs.items() if k.isupper())))
+
+    if _FITTED_CONFIGS:  # the key costs host time on every launch: only build it once something was shrunk
+        cfg = _FITTED_CONFIGS.get(variant()[1], cfg)
     while True:
         grid = (grid0(cfg),) + tuple(grid_tail)
         try:
@@ -869,9 +877,10 @@ def _launch(kernel, cfg, grid0, grid_tail, args, kwargs):
             smaller = _shrink(cfg)
             if smaller is None:
                 raise
+            name, key = variant()
             warnings.warn(f"fa_amd: {name} with {cfg} does not fit this GPU ({err}); using {smaller}, "
                           "which is slower. `fa-amd tune` finds the best config that fits.", stacklevel=3)
-            cfg = _FITTED_CONFIGS[variant] = smaller
+            cfg = _FITTED_CONFIGS[key] = smaller
 
 
 def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, causal: bool,
@@ -884,8 +893,8 @@ def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int,
     instead of 4).  Split programs' dK/dV are summed afterwards (tables.GQA_SPLIT_SUM)."""
     if DKDV_HEADS_PER_PROGRAM is not None:
         return DKDV_HEADS_PER_PROGRAM
-    rows = triton.cdiv(seqlen_q, block_m)  # query blocks the longest program visits, per head
-    pairs_per_head = rows * triton.cdiv(seqlen_k, block_n) * (0.5 if causal else 1.0)
+    rows = _cdiv(seqlen_q, block_m)  # query blocks the longest program visits, per head
+    pairs_per_head = rows * _cdiv(seqlen_k, block_n) * (0.5 if causal else 1.0)
     work = pairs_per_head * group * kv_heads * batch * (1.75 if fused_dq else 1.0)
     return group if group * rows <= tables.DKDV_MAX_PROGRAM_SHARE * work / sms else 1
 
@@ -963,7 +972,10 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows see fewer keys: the table may pick smaller tiles for them
-    cfg = get_fwd_config(arch_for(q), d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    arch = arch_for(q)
+    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
+    raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
@@ -971,7 +983,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen),
         *_lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common,
-                                          POSITIVE_SCALE=softmax_scale > 0 and FWD_RAW_MAX))
+                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
@@ -1008,7 +1020,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     common = _kernel_args(hq, hk, d, d_pad, varlen, flags)
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
-        bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), hq, batch)](
+        bwd_preprocess_kernel[(_cdiv(max_seqlen_q, pre_block), hq, batch)](
             out, dout, delta, cu_q, seqlen_q,
             *_row_strides(out, varlen), *_row_strides(dout, varlen), *_lse_strides(delta, varlen),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
@@ -1024,15 +1036,13 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     if max_seqlen_k > 0:
         dkdv_cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
         group = hq // hk
-        dq_blocks = triton.cdiv(max_seqlen_q, cfgs["dq"]["BLOCK_M"]) if fused else 0
+        dq_blocks = _cdiv(max_seqlen_q, cfgs["dq"]["BLOCK_M"]) if fused else 0
         per_program = 1 if group == 1 else dkdv_heads_per_program(
             group, hk, batch, max_seqlen_q, max_seqlen_k, flags["HAS_RIGHT"], dkdv_cfg["BLOCK_M"],
             dkdv_cfg["BLOCK_N"], num_sms(q), fused)
         split = per_program < group
-        if tables.GQA_SPLIT_SUM not in ("partials", "atomic"):
-            raise ValueError(f"fa_amd.tuning.tables.GQA_SPLIT_SUM must be 'partials' or 'atomic', "
-                             f"got {tables.GQA_SPLIT_SUM!r}")
-        atomic_dkdv = split and not deterministic and tables.GQA_SPLIT_SUM == "atomic"
+        split_sum = gqa_split_sum(arch_for(q))  # validated on every call, split or not
+        atomic_dkdv = split and not deterministic and split_sum == "atomic"
         if atomic_dkdv:
             # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero
             dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
@@ -1048,7 +1058,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
 
         def grid0(cfg):
-            return triton.cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
+            return _cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
 
         _launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,

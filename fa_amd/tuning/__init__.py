@@ -112,3 +112,14 @@ def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
     def rest(cfg):
         return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
     return family in tables.FUSED_DQ_FAMILIES and rest(dkdv_cfg) == rest(dq_cfg)
+
+
+def gqa_split_sum(arch: Arch) -> str:
+    """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed
+    (tables.GQA_SPLIT_SUM)."""
+    family = family_of(arch)
+    mode = tables.GQA_SPLIT_SUM.get(family, "partials")
+    if mode not in ("partials", "atomic"):
+        raise ValueError(f"fa_amd.tuning.tables.GQA_SPLIT_SUM[{family!r}] must be 'partials' or 'atomic', "
+                         f"got {mode!r}")
+    return mode

@@ -32,12 +32,19 @@ user's GPU.
 # 1.25; (8, 2048, 16/4) non-causal (~15 %): 2.33 / 2.37 / 2.48.
 DKDV_MAX_PROGRAM_SHARE = 0.2
 # How the split slices of a GQA group are summed when atomics are allowed
-# (deterministic=False; deterministic=True always uses "partials"): "partials" writes one
-# fp32 (.., hq, d) buffer and sums its slices afterwards; "atomic" adds every slice into one
-# fp32 (.., hk, d) buffer with atomics (a quarter of the bytes at a 4:1 group).  H100, same
-# runs, one head per program: atomic 1.41 vs partials 1.51 ms at (8, 2048, 16/4) causal,
-# 1.25 vs 1.36 at (2, 4096, 16/4) causal, 4.62 vs 4.83 at (2, 8192, 16/4) causal.
-GQA_SPLIT_SUM = "atomic"
+# (deterministic=False; deterministic=True always uses "partials"), per arch family:
+# "partials" writes one fp32 (.., hq, d) buffer and sums its slices afterwards; "atomic" adds
+# every slice into one fp32 (.., hk, d) buffer with atomics (a quarter of the bytes at a 4:1
+# group).  H100, same runs, one head per program: atomic 1.41 vs partials 1.51 ms at
+# (8, 2048, 16/4) causal, 1.25 vs 1.36 at (2, 4096, 16/4) causal, 4.62 vs 4.83 at (2, 8192, 16/4)
+# causal.  Families not listed: "partials" (not timed there; the atomic epilogue also made the
+# gfx1100 d80 dK/dV kernel spill 20 B in the full AOT sweep).  "cpu" follows sm90 so CI runs it.
+GQA_SPLIT_SUM = {"sm90": "atomic", "cpu": "atomic"}
+# Families whose forward takes the row max of the raw scores on plain (unmasked) tiles and scales
+# it once per row, so the exp2 argument is one FMA per element (POSITIVE_SCALE; softmax_scale > 0
+# only).  H100 (docs/TUNING_NOTES.md v7): +1-5 % forward TFLOP/s.  Not on AMD until timed there
+# (with it the gfx1100 d64 fp16 causal forward spilled 8 B in the full AOT sweep).
+FWD_RAW_MAX_FAMILIES = ("sm90", "cpu")
 
 # How the deterministic=False backward gets dQ, per arch family: "atomic" adds each dS K tile
 # into an fp32 dQ buffer from the dK/dV programs (5 matmuls per tile pair instead of 7, but the

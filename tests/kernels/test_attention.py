@@ -212,7 +212,7 @@ def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, s
     computing dQ (its own programs in the same launch or a second one, or atomics)."""
     monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
     monkeypatch.setattr(attention_kernels, "BWD_DQ_MODE", dq_mode)
-    monkeypatch.setattr(attention_kernels.tables, "GQA_SPLIT_SUM", split_sum)
+    monkeypatch.setitem(attention_kernels.tables.GQA_SPLIT_SUM, "cpu", split_sum)
     q, k, v = dense_qkv(device, torch.float16, 2, 29, 41, 8, 2, 40)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
                   causal=True)
@@ -226,10 +226,10 @@ def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, s
 
 
 def test_gqa_split_sum_must_be_known(device, monkeypatch):
-    monkeypatch.setattr(attention_kernels.tables, "GQA_SPLIT_SUM", "atomics")
+    monkeypatch.setitem(attention_kernels.tables.GQA_SPLIT_SUM, "cpu", "atomics")
     q, k, v = dense_qkv(device, torch.float16, 1, 9, 9, 4, 2, 16)
     out = fa_amd.flash_attn_func(q, k, v)
-    with pytest.raises(ValueError, match="GQA_SPLIT_SUM must be 'partials' or 'atomic', got 'atomics'"):
+    with pytest.raises(ValueError, match=r"GQA_SPLIT_SUM\['cpu'\] must be 'partials' or 'atomic', got 'atomics'"):
         out.sum().backward()
 
 
