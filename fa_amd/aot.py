@@ -285,8 +285,7 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
                   POSITIVE_SCALE=job.target in _tables().FWD_RAW_MAX_FAMILIES,
                   # split GQA groups summed with atomics (tables.GQA_SPLIT_SUM): only where atomics are
                   # allowed, i.e. the deterministic=False backward (atomic dQ, or fused on the tables' say)
-                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused")
-                  and _tables().GQA_SPLIT_SUM.get(job.target, "partials") == "atomic")
+                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused") and _gqa_split_sum(job.target) == "atomic")
     if job.kernel == "dkdv_fused":  # the dQ programs' tiles, as the launcher passes them
         dq_cfg = default_config(job.target, "dq", _d_pad(job.head_dim), _is_causal(job.variant))
         values.update(DQ_BLOCK_M=dq_cfg["BLOCK_M"], DQ_BLOCK_N=dq_cfg["BLOCK_N"])
@@ -308,6 +307,12 @@ def _tables():
     from .tuning import tables
 
     return tables
+
+
+def _gqa_split_sum(target: str) -> str:
+    from .tuning import gqa_split_sum
+
+    return gqa_split_sum(target)  # AOT target names are table family names
 
 
 def compile_options(cfg: Dict) -> Dict:

@@ -184,8 +184,8 @@ def test_backward_dq_policy_is_table_data(monkeypatch):
     from fa_amd.tuning import bwd_fusable, get_bwd_config, nondeterministic_dq, tables
 
     sm90, gfx942 = Arch("cuda", "sm90", 32), Arch("hip", "gfx942", 64)
-    assert nondeterministic_dq(sm90) == "recompute"
-    assert nondeterministic_dq(gfx942) == "atomic"  # not measured there: the old default
+    assert nondeterministic_dq("sm90") == "recompute"
+    assert nondeterministic_dq("gfx942") == "atomic"  # not measured there: the old default
     d128 = get_bwd_config(sm90, 128)
     assert bwd_fusable("sm90", d128["dkdv"], d128["dq"])
     d64 = get_bwd_config(sm90, 64)  # its dq entry runs 4 warps, the dkdv one 8: two launches
@@ -194,7 +194,7 @@ def test_backward_dq_policy_is_table_data(monkeypatch):
     assert not bwd_fusable("gfx942", amd["dkdv"], amd["dq"])
     from fa_amd.tuning import gqa_split_sum
 
-    assert gqa_split_sum(sm90) == "atomic" and gqa_split_sum(gfx942) == "partials"
+    assert gqa_split_sum("sm90") == "atomic" and gqa_split_sum("gfx942") == "partials"
     monkeypatch.setitem(tables.NONDETERMINISTIC_DQ, "sm90", "atomics")
     with pytest.raises(ValueError, match=r"NONDETERMINISTIC_DQ\['sm90'\] must be 'atomic' or 'recompute'"):
-        nondeterministic_dq(sm90)
+        nondeterministic_dq("sm90")

@@ -891,6 +891,8 @@ def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int,
     two was slower than either, docs/TUNING_NOTES.md v7).  Work is counted in (BLOCK_M x BLOCK_N)
     tile pairs; dQ programs of a fused launch add 3/4 of the dK/dV work (3 matmuls per tile pair
     instead of 4).  Split programs' dK/dV are summed afterwards (tables.GQA_SPLIT_SUM)."""
+    if group == 1:  # MHA: nothing to split (also under a test's forced split)
+        return 1
     if DKDV_HEADS_PER_PROGRAM is not None:
         return DKDV_HEADS_PER_PROGRAM
     rows = _cdiv(seqlen_q, block_m)  # query blocks the longest program visits, per head
@@ -899,17 +901,16 @@ def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int,
     return group if group * rows <= tables.DKDV_MAX_PROGRAM_SHARE * work / sms else 1
 
 
-def backward_dq_mode(q: torch.Tensor, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
+def backward_dq_mode(family: str, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
     """How the backward computes dQ: "atomic" (fp32 atomics from the dK/dV programs; only when
     deterministic=False and the arch's table says so, tables.NONDETERMINISTIC_DQ), else by dQ
     programs that recompute S and dP: "fused" into the dK/dV launch when both kernels' launch
     options (warps, stages, HIP options, kernel switches) agree, "separate" (a second launch) when not."""
     if BWD_DQ_MODE is not None:
         return "separate" if deterministic and BWD_DQ_MODE == "atomic" else BWD_DQ_MODE
-    arch = arch_for(q)
-    if not deterministic and nondeterministic_dq(arch) == "atomic":
+    if not deterministic and nondeterministic_dq(family) == "atomic":
         return "atomic"
-    return "fused" if bwd_fusable(family_of(arch), dkdv_cfg, dq_cfg) else "separate"
+    return "fused" if bwd_fusable(family, dkdv_cfg, dq_cfg) else "separate"
 
 
 def _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
@@ -1013,7 +1014,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     d_pad = head_dim_padded(d)
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
-    cfgs = get_bwd_config(arch_for(q), d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    arch = arch_for(q)
+    family = family_of(arch)
+    cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = _new_output(lse, lse.shape)
@@ -1027,7 +1030,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         )
     strides_in = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
                   *_row_strides(dout, varlen))
-    mode = backward_dq_mode(q, deterministic, cfgs["dkdv"], cfgs["dq"])
+    mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
     if max_seqlen_q == 0 or max_seqlen_k == 0:
         mode = "separate"  # one side is empty: nothing to fuse, no dQ to add up
     atomic_dq = mode == "atomic"
@@ -1037,11 +1040,11 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         dkdv_cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
         group = hq // hk
         dq_blocks = _cdiv(max_seqlen_q, cfgs["dq"]["BLOCK_M"]) if fused else 0
-        per_program = 1 if group == 1 else dkdv_heads_per_program(
+        per_program = dkdv_heads_per_program(
             group, hk, batch, max_seqlen_q, max_seqlen_k, flags["HAS_RIGHT"], dkdv_cfg["BLOCK_M"],
             dkdv_cfg["BLOCK_N"], num_sms(q), fused)
         split = per_program < group
-        split_sum = gqa_split_sum(arch_for(q))  # validated on every call, split or not
+        split_sum = gqa_split_sum(family)  # validated on every call, split or not
         atomic_dkdv = split and not deterministic and split_sum == "atomic"
         if atomic_dkdv:
             # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero

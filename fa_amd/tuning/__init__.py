@@ -96,14 +96,20 @@ def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, caus
     return {k: get_config(arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}
 
 
-def nondeterministic_dq(arch: Arch) -> str:
-    """"atomic" or "recompute": how the deterministic=False backward gets dQ on this arch
+def _family_choice(name: str, family: str, default: str, choices: tuple) -> str:
+    """The value a per-family policy dict of tables.py (`name`) gives `family` (`default` when
+    not listed), checked against `choices`."""
+    value = getattr(tables, name).get(family, default)
+    if value not in choices:
+        raise ValueError(f"fa_amd.tuning.tables.{name}[{family!r}] must be "
+                         f"{' or '.join(repr(c) for c in choices)}, got {value!r}")
+    return value
+
+
+def nondeterministic_dq(family: str) -> str:
+    """"atomic" or "recompute": how the deterministic=False backward gets dQ on this arch family
     (tables.NONDETERMINISTIC_DQ)."""
-    mode = tables.NONDETERMINISTIC_DQ.get(family_of(arch), "atomic")
-    if mode not in ("atomic", "recompute"):
-        raise ValueError(f"fa_amd.tuning.tables.NONDETERMINISTIC_DQ[{family_of(arch)!r}] must be 'atomic' or "
-                         f"'recompute', got {mode!r}")
-    return mode
+    return _family_choice("NONDETERMINISTIC_DQ", family, "atomic", ("atomic", "recompute"))
 
 
 def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
@@ -114,12 +120,7 @@ def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
     return family in tables.FUSED_DQ_FAMILIES and rest(dkdv_cfg) == rest(dq_cfg)
 
 
-def gqa_split_sum(arch: Arch) -> str:
-    """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed
-    (tables.GQA_SPLIT_SUM)."""
-    family = family_of(arch)
-    mode = tables.GQA_SPLIT_SUM.get(family, "partials")
-    if mode not in ("partials", "atomic"):
-        raise ValueError(f"fa_amd.tuning.tables.GQA_SPLIT_SUM[{family!r}] must be 'partials' or 'atomic', "
-                         f"got {mode!r}")
-    return mode
+def gqa_split_sum(family: str) -> str:
+    """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed,
+    on this arch family (tables.GQA_SPLIT_SUM)."""
+    return _family_choice("GQA_SPLIT_SUM", family, "partials", ("partials", "atomic"))
