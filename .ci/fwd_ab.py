@@ -1,7 +1,8 @@
-"""GPU experiment: forward-kernel A/B on the rows where FlexAttention's forward led (docs/TUNING_NOTES.md
-v7): the raw-score row max (tables.FWD_RAW_MAX_FAMILIES) on/off and a few forward tiles, each timed as
-`fa-amd bench` times the forward (no grad, do_bench median), in alternating rounds; FlexAttention's
-forward in the same rounds.  Prints the median over rounds per (row, variant)."""
+"""GPU experiment: forward-kernel A/B on the rows where FlexAttention's forward is closest
+(docs/TUNING_NOTES.md v7 "Open": d128 non-causal at 1k-4k): forward tiles / warps / stages (and, in v7,
+the raw-score row max of tables.FWD_RAW_MAX_FAMILIES on/off), each timed as `fa-amd bench` times the
+forward (no grad, do_bench median), in alternating rounds; FlexAttention's forward in the same rounds.
+Prints the median over rounds per (row, variant).  ROUNDS (env) sets the rounds."""
 import json
 import os
 import statistics
@@ -12,20 +13,17 @@ import torch
 from fa_amd import bench, tuning
 from fa_amd.tuning import tables
 
-ROUNDS = int(os.environ.get("ROUNDS", 3))
-ROWS = [bench.Shape(16, 1024, 16, 16, 128, False), bench.Shape(4, 4096, 16, 16, 128, False),
-        bench.Shape(1, 16384, 16, 16, 128, False), bench.Shape(1, 16384, 32, 32, 64, False),
-        bench.Shape(4, 4096, 32, 32, 64, True), bench.Shape(16, 1024, 16, 16, 128, True)]
-TILES = {128: [None, (128, 64, 8, 3), (128, 64, 4, 3)], 64: [None, (128, 128, 8, 3), (128, 64, 4, 3)]}
+ROUNDS = int(os.environ.get("ROUNDS", 5))
+# v8: the short d128 non-causal rows (Flex runs 128x64/w8/s3 there)
+ROWS = [bench.Shape(16, 1024, 16, 16, 128, False), bench.Shape(8, 2048, 16, 16, 128, False),
+        bench.Shape(4, 4096, 16, 16, 128, False)]
+TILES = {128: [None, (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3),
+               (64, 128, 4, 2)]}
 
 
 def variants(shape):
-    out = [("table", False, None)]
-    for tile in TILES[shape.head_dim]:
-        if shape.causal and tile is not None:
-            continue  # causal rows use the table's causal override
-        out.append(("rawmax" + ("" if tile is None else "+%dx%d/w%d/s%d" % tile), True, tile))
-    return out
+    """(name, raw-score max, tile): the table's forward entry and the tiles above, raw max on."""
+    return [("table" if tile is None else "%dx%d/w%d/s%d" % tile, True, tile) for tile in TILES[shape.head_dim]]
 
 
 PRISTINE = {row["head_dim"]: dict(row["fwd"]) for row in tables.TABLES["sm90"]}

@@ -56,6 +56,9 @@ VARIANTS = {
     "plain": dict(GROUP=1),
     "causal": dict(GROUP=1, HAS_RIGHT=True),
     "all": dict(GROUP=2, **ALL_FLAGS),
+    # every feature but the right edge, at the tile of the entry's "short" override (launches with
+    # at most tables.SHORT_SEQLEN_K keys per row); built only for entries that have one
+    "short": dict(GROUP=2, **{k: v for k, v in ALL_FLAGS.items() if k != "HAS_RIGHT"}),
 }
 _KERNEL_FN = {
     "fwd": "attn_fwd_kernel",
@@ -151,27 +154,39 @@ def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     return bm * (d_pad + bn)
 
 
-def default_config(target: str, kernel: str, d_pad: int, causal: bool = False) -> Dict:
-    """Launch dict from the default tables (tuned overrides ignored) as the launcher would pass it."""
-    from .tuning import resolve_entry
-    from .tuning.tables import HIP_ONLY_OPTIONS, TABLES
+def _table_entry(target: str, kernel: str, d_pad: int) -> Optional[Dict]:
+    from .tuning.tables import TABLES
 
     table_kernel = _TABLE_KERNEL[kernel]
-    if table_kernel is None:  # preprocess: fixed block, default launch options, no switches (see attention_backward)
-        return {"BLOCK_M": 64 if d_pad <= 128 else 32}
+    if table_kernel is None:
+        return None
     rows = TABLES[target]
     row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
     # a row without a dkdv_atomic entry uses its dkdv one (as fa_amd.tuning.get_config does)
-    entry = row.get(table_kernel) or row["dkdv"]
-    cfg = resolve_entry(entry, causal=causal)
+    return row.get(table_kernel) or row["dkdv"]
+
+
+def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, short: bool = False) -> Dict:
+    """Launch dict from the default tables (tuned overrides ignored) as the launcher would pass it."""
+    from .tuning import resolve_entry
+    from .tuning.tables import HIP_ONLY_OPTIONS
+
+    entry = _table_entry(target, kernel, d_pad)
+    if entry is None:  # preprocess: fixed block, default launch options, no switches (see attention_backward)
+        return {"BLOCK_M": 64 if d_pad <= 128 else 32}
+    cfg = resolve_entry(entry, causal=causal, short=short)
     if TARGETS[target][0] != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
     return cfg
 
 
-def builds(target: str, kernel: str, d_pad: int, causal: bool = False) -> bool:
-    """Whether the launcher runs this kernel for this table row: dkdv_fused only where fusable."""
+def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: str = "") -> bool:
+    """Whether the launcher runs this kernel for this table row: dkdv_fused only where fusable, the
+    "short" variant only where the entry has a "short" override (elsewhere it is the plain tile)."""
+    if variant == "short":
+        entry = _table_entry(target, kernel, d_pad)
+        return bool(entry and entry.get("short"))
     if kernel != "dkdv_fused":
         return True
     from .tuning import bwd_fusable
@@ -185,6 +200,11 @@ def _is_causal(variant: str) -> bool:
     return bool(VARIANTS.get(variant, {}).get("HAS_RIGHT"))
 
 
+def _variant_config(target: str, kernel: str, head_dim: int, variant: str) -> Dict:
+    """The launch dict the launcher uses for this job's variant."""
+    return default_config(target, kernel, _d_pad(head_dim), _is_causal(variant), short=variant == "short")
+
+
 def _d_pad(head_dim: int) -> int:
     # the launcher's own rule, so the AOT check compiles exactly what runs
     from .kernels.attention import head_dim_padded
@@ -196,7 +216,7 @@ def full_jobs(targets, kernels) -> List[CompileJob]:
     return [CompileJob(t, k, d, dt, v)
             for t in targets for k in kernels for d in HEAD_DIMS for dt in DTYPES
             for v in (VARIANTS if k != "preprocess" else ("plain",))
-            if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v))]
+            if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v), v)]
 
 
 def ci_jobs(targets, kernels) -> List[CompileJob]:
@@ -220,6 +240,8 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             # only when neither spills
             jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH
                      for v in ("plain", "all")]
+            # the tiles of "short" overrides, with every feature they can meet
+            jobs += [CompileJob(t, k, d, dtype, "short") for d in (64, 128, 256) if builds(t, k, d, variant="short")]
     return jobs
 
 
@@ -287,7 +309,7 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
                   # allowed, i.e. the deterministic=False backward (atomic dQ, or fused on the tables' say)
                   ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused") and _gqa_split_sum(job.target) == "atomic")
     if job.kernel == "dkdv_fused":  # the dQ programs' tiles, as the launcher passes them
-        dq_cfg = default_config(job.target, "dq", _d_pad(job.head_dim), _is_causal(job.variant))
+        dq_cfg = _variant_config(job.target, "dq", job.head_dim, job.variant)
         values.update(DQ_BLOCK_M=dq_cfg["BLOCK_M"], DQ_BLOCK_N=dq_cfg["BLOCK_N"])
     # kernel switches (RELOAD_CHUNK): the launch dict's value, else the launcher's default
     values.update({name: cfg.get(name, default) for name, default in KERNEL_SWITCHES.items()})
@@ -350,7 +372,7 @@ def _compile_one(job: CompileJob) -> CompileResult:
     from .kernels import attention
 
     backend, arch, warp = TARGETS[job.target]
-    cfg = job.config or default_config(job.target, job.kernel, _d_pad(job.head_dim), _is_causal(job.variant))
+    cfg = job.config or _variant_config(job.target, job.kernel, job.head_dim, job.variant)
     result = CompileResult(job.target, job.kernel, job.name, config=cfg)
     fn = getattr(attention, _KERNEL_FN[job.kernel])
     constexprs = _job_constexprs(job, fn, cfg)

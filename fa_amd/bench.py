@@ -10,7 +10,8 @@ batch*seqlen = 16k tokens and nheads*headdim = 2048; GQA rows (16 q / 4 kv
 heads, d128); varlen rows (16k tokens packed from 17 documents, causal, d128).
 FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
 forward+backward = 3.5x forward.  Each method is timed with
-triton.testing.do_bench (median) after a warm-up, on random inputs.  Peak
+triton.testing.do_bench (median) after a warm-up, on random inputs, in
+interleaved rounds with its peers (ROUNDS); the median round is reported.  Peak
 memory is that of one forward+backward, beside plain PyTorch ("eager").
 """
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Result:
     # replayed from a CUDA graph (no host work at all); host_ms >= graph_ms means the row measured the CPU
     host_ms: Optional[float] = None
     graph_ms: Optional[float] = None
+    rounds_ms: Optional[List[float]] = None  # each round's do_bench median; ms is their median
 
 
 def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None) -> List[Shape]:
@@ -262,7 +264,7 @@ def make_inputs(shape: Shape, layout: str, dtype, device, seed: int = 0):
     return q, k, v, dout
 
 
-def time_ms(fn, grad_to_none=None, smoke: bool = False) -> float:
+def time_ms(fn, grad_to_none=None, smoke: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median milliseconds: triton.testing.do_bench on a GPU, a few wall-clock reps on CPU."""
     if smoke or not torch.cuda.is_available():
         fn()
@@ -276,7 +278,8 @@ def time_ms(fn, grad_to_none=None, smoke: bool = False) -> float:
 
     fn()  # warm-up (compiles)
     torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                                         return_mode="median"))
 
 
 def peak_memory_mib(fn) -> Optional[float]:
@@ -337,15 +340,40 @@ def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
     return ms
 
 
-def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_time: bool = False) -> List[Result]:
+# Every (method, mode) of a shape is timed in ROUNDS interleaved rounds of ROUND_REP_MS each and
+# reports the median round: the peers of a row are measured at the same moments, so clock and
+# thermal drift over a long run moves them together instead of favouring whichever ran in a
+# cooler minute (one 100 ms do_bench per peer, back to back, swung the near-tie rows by 2-5 %
+# between runs on the lent H100, docs/TUNING_NOTES.md v7).
+ROUNDS = 3
+ROUND_WARMUP_MS = 5
+ROUND_REP_MS = 30
+
+
+@dataclass
+class _Timed:
+    """One (method, mode) of a shape under measurement."""
+    base: Dict
+    mode: str
+    call: Callable
+    grads: tuple
+    rounds: List[float]
+    note: str = ""
+
+
+def _failure_note(exc: Exception) -> str:
+    reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+    return f"n/a: {type(exc).__name__}: {reason}"
+
+
+def _prepare(method: str, shape: Shape, dtype, device) -> List[_Timed]:
+    """The method's forward and forward+backward calls on fresh inputs (notes instead where it cannot run)."""
     base = dict(shape=asdict(shape), label=shape.label, kind=shape.kind, method=method)
     try:
         fn, layout = MAKERS[method](shape, device)
     except Unavailable as exc:
-        return [Result(**base, mode=m, note=f"n/a: {exc}") for m in ("fwd", "fwd+bwd")]
+        return [_Timed(base, m, None, (), [], note=f"n/a: {exc}") for m in ("fwd", "fwd+bwd")]
     q, k, v, dout = make_inputs(shape, layout, dtype, device)
-    results = []
-    flops = shape.fwd_flops()
 
     def fwd():
         with torch.no_grad():
@@ -356,21 +384,68 @@ def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_tim
         out = out[0] if isinstance(out, tuple) else out
         out.backward(dout)
 
-    for mode, call, mult in (("fwd", fwd, 1.0), ("fwd+bwd", fwd_bwd, 3.5)):
-        try:
-            ms = time_ms(call, grad_to_none=[q, k, v], smoke=smoke)
-            peak = peak_memory_mib(fwd_bwd) if mode == "fwd+bwd" else None
-            extra = {}
-            if host_time and mode == "fwd+bwd":
-                extra = dict(host_ms=host_ms_per_call(call, (q, k, v)), graph_ms=graph_replay_ms(call, (q, k, v)))
-            results.append(Result(**base, mode=mode, ms=ms, tflops=mult * flops / (ms * 1e-3) / 1e12, peak_mib=peak,
-                                  **extra))
-        except Exception as exc:  # a peer that cannot run this shape: report, keep going
-            reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-            results.append(Result(**base, mode=mode, note=f"n/a: {type(exc).__name__}: {reason}"))
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    return [_Timed(base, "fwd", fwd, (q, k, v), []), _Timed(base, "fwd+bwd", fwd_bwd, (q, k, v), [])]
+
+
+def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
+    if timed.call is None or timed.note:
+        return
+    try:
+        if first or smoke or not torch.cuda.is_available():
+            ms = time_ms(timed.call, grad_to_none=list(timed.grads), smoke=smoke,
+                         warmup_ms=ROUND_WARMUP_MS, rep_ms=ROUND_REP_MS)
+        else:  # compiled and warm since round one
+            import triton
+
+            ms = float(triton.testing.do_bench(timed.call, warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS,
+                                               grad_to_none=list(timed.grads), return_mode="median"))
+        timed.rounds.append(ms)
+    except Exception as exc:  # a peer that cannot run this shape: report, keep going
+        timed.note = _failure_note(exc)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _result(timed: _Timed, shape: Shape, host_time: bool) -> Result:
+    if timed.note or not timed.rounds:
+        return Result(**timed.base, mode=timed.mode, note=timed.note or "n/a: not measured")
+    ms = sorted(timed.rounds)[len(timed.rounds) // 2]
+    mult = 1.0 if timed.mode == "fwd" else 3.5
+    extra = {}
+    try:
+        if timed.mode == "fwd+bwd":
+            _clear_grads(timed.grads)
+            extra["peak_mib"] = peak_memory_mib(timed.call)
+            if host_time:
+                extra.update(host_ms=host_ms_per_call(timed.call, timed.grads),
+                             graph_ms=graph_replay_ms(timed.call, timed.grads))
+    except Exception as exc:
+        return Result(**timed.base, mode=timed.mode, note=_failure_note(exc))
+    return Result(**timed.base, mode=timed.mode, ms=ms, tflops=mult * shape.fwd_flops() / (ms * 1e-3) / 1e12,
+                  rounds_ms=[round(t, 5) for t in timed.rounds], **extra)
+
+
+def bench_shape(methods, shape: Shape, dtype, device, smoke: bool, host_time: bool = False,
+                rounds: int = ROUNDS) -> List[Result]:
+    """Every method on one shape: inputs prepared for all, then `rounds` rounds that time each
+    (method, mode) in turn; each reports its median round."""
+    groups = [_prepare(method, shape, dtype, device) for method in methods]
+    for r in range(max(1, rounds)):
+        # each round starts with another method: none is always first (or last) after the others
+        for group in groups[r % len(groups):] + groups[:r % len(groups)]:
+            for t in group:
+                _time_round(t, smoke, first=r == 0)
+    results = [_result(t, shape, host_time) for group in groups for t in group]
+    del groups
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the shape's inputs are gone now; give the next one all memory
     return results
+
+
+def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_time: bool = False,
+                 rounds: int = 1) -> List[Result]:
+    """One method on one shape (forward, forward+backward)."""
+    return bench_shape([method], shape, dtype, device, smoke, host_time, rounds)
 
 
 def environment(device) -> Dict:
@@ -392,19 +467,20 @@ def environment(device) -> Dict:
 
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
-        host_time=False) -> List[Result]:
+        host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None) -> List[Result]:
+    """Every shape; `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
     results = []
     for shape in shapes(quick, smoke, head_dims):
+        if checkpoint is not None and results:
+            checkpoint(results)
         log(f"{shape.label}")
-        for method in methods:
-            method_results = bench_method(method, shape, dtype, device, smoke, host_time)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # the method's inputs are gone now; give the next one all memory
-            for r in method_results:
-                results.append(r)
-                shown = f"{r.tflops:7.1f} TFLOP/s  {r.ms:8.3f} ms" if r.ms is not None else r.note
-                mem = f"  peak {r.peak_mib:.0f} MiB" if r.peak_mib is not None else ""
-                log(f"  {method:15s} {r.mode:8s} {shown}{mem}")
+        for r in bench_shape(methods, shape, dtype, device, smoke, host_time, rounds):
+            results.append(r)
+            shown = f"{r.tflops:7.1f} TFLOP/s  {r.ms:8.3f} ms" if r.ms is not None else r.note
+            mem = f"  peak {r.peak_mib:.0f} MiB" if r.peak_mib is not None else ""
+            spread = (f"  rounds {min(r.rounds_ms):.3f}..{max(r.rounds_ms):.3f}"
+                      if r.rounds_ms and len(r.rounds_ms) > 1 else "")
+            log(f"  {r.method:15s} {r.mode:8s} {shown}{mem}{spread}")
     return results
 
 
@@ -482,6 +558,15 @@ def trailing_rows(results: List[Result]) -> List[str]:
     return lines
 
 
+def _timing_sentence(payload: Dict) -> str:
+    rounds = payload.get("rounds")
+    if not rounds or rounds == 1:
+        return "Times are triton.testing.do_bench medians."
+    return (f"Times: per shape, every method's forward and forward+backward are timed in {rounds} interleaved "
+            f"rounds (triton.testing.do_bench, {payload.get('round_ms', ROUND_REP_MS)} ms of calls each, median "
+            "per round; each round starts with another method) and the median round is reported.")
+
+
 def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
     env = payload["environment"]
     results = [Result(**r) for r in payload["results"]]
@@ -496,7 +581,7 @@ def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
         f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN}; GQA rows use 16 query "
         f"/ 4 KV heads at d128; the varlen row packs {len(VARLEN_DOCS)} documents of 64..2048 tokens "
         f"({TOKENS} tokens, causal). FLOPs: forward 4*b*h*sq*sk*d, halved for causal, summed per document for "
-        "varlen; forward+backward counts 3.5x the forward. Times are triton.testing.do_bench medians. "
+        "varlen; forward+backward counts 3.5x the forward. " + _timing_sentence(payload) + " "
         "Peers run in the same process: torch SDPA per backend, FlexAttention (torch.compile), flash_attn if "
         "installed, and eager PyTorch (skipped where its score matrices would not fit).", "",
         "Regenerate: `fa-amd bench --out bench_out --markdown docs/PERFORMANCE.md` (or "
@@ -562,6 +647,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--host-time", action="store_true",
                         help="also measure, per forward+backward, the CPU time to issue one call and the GPU "
                              "time of one call replayed from a CUDA graph: says which rows are bound by the CPU")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"interleaved timing rounds per shape (default {ROUNDS}; 1 with --smoke); each "
+                             f"(method, mode) reports its median round of {ROUND_REP_MS} ms of calls")
     parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
@@ -590,6 +678,7 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
     env = dict(first["environment"])
     env["date"] = " .. ".join(sorted({p["environment"]["date"] for p in payloads}))
     return {"environment": env, "dtype": first["dtype"], "seconds": sum(p.get("seconds", 0.0) for p in payloads),
+            "rounds": first.get("rounds"), "round_ms": first.get("round_ms"),
             "results": [r for p in payloads for r in p["results"]]}
 
 
@@ -616,10 +705,25 @@ def run_cli(args) -> int:
         print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
               f"{args.dtype}")
         start = time.perf_counter()
+        rounds = args.rounds if args.rounds is not None else (1 if args.smoke else ROUNDS)
+        if rounds < 1:
+            print(f"error: --rounds must be >= 1, got {rounds}", file=sys.stderr)
+            return 2
+        def payload_of(results):
+            return {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
+                    "rounds": rounds, "round_ms": ROUND_REP_MS, "results": [asdict(r) for r in results]}
+
+        def checkpoint(results):  # results.partial.json: what a run cut short had measured
+            with open(os.path.join(args.out, "results.partial.json"), "w") as f:
+                json.dump(payload_of(results), f, indent=1)
+
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
-                      host_time=args.host_time)
-        payload = {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
-                   "results": [asdict(r) for r in results]}
+                      host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None)
+        payload = payload_of(results)
+        if args.out and os.path.exists(os.path.join(args.out, "results.partial.json")):
+            os.remove(os.path.join(args.out, "results.partial.json"))
     results = [Result(**r) for r in payload["results"]]
     print(markdown_tables(results))
     if args.out:

@@ -200,8 +200,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) fp32 and S_dmask (batch, nheads, seqlen_q,
     seqlen_k): probabilities, negated where dropout dropped them (testing only).
-    deterministic=True computes dQ in a separate pass without atomics (bitwise reproducible gradients);
-    the default False accumulates dQ with fp32 atomics (faster; last-bit run-to-run differences).
+    deterministic=True computes every gradient without atomics (bitwise reproducible); the default False
+    lets the arch's tables choose atomics where they are faster (fp32 atomic dQ on AMD, atomic sums of
+    split GQA groups on sm90; last-bit run-to-run differences there).
     """
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(

@@ -47,6 +47,34 @@ def test_bench_smoke(tmp_path):
     assert res2.returncode == 0 and (tmp_path / "P2.md").read_text() == doc.replace("PERF.png", "P2.png")
 
 
+def test_bench_rounds_interleave_peers(monkeypatch):
+    """Every (method, mode) of a shape is timed once per round, rounds start with another method each
+    time, the median round is reported, and a peer that fails mid-run becomes a note, not a crash."""
+    order = []
+
+    def maker(name, fail_after=None):
+        def make(shape, device):
+            def fn(q, k, v):
+                order.append(name)
+                if fail_after is not None and order.count(name) > fail_after:
+                    raise RuntimeError("out of memory")
+                return q * 2.0
+            return fn, "bshd"
+        return make
+
+    monkeypatch.setattr(bench, "MAKERS", {"a": maker("a"), "b": maker("b"), "c": maker("c", fail_after=12)})
+    shape = bench.Shape(1, 8, 2, 2, 16, False)
+    results = bench.bench_shape(["a", "b", "c"], shape, torch.float32, "cpu", smoke=True, rounds=3)
+    by = {(r.method, r.mode): r for r in results}
+    assert len(by["a", "fwd"].rounds_ms) == 3
+    assert by["a", "fwd"].ms == pytest.approx(sorted(by["a", "fwd"].rounds_ms)[1], abs=1e-5)
+    assert by["b", "fwd+bwd"].tflops > 0
+    assert by["c", "fwd+bwd"].ms is None and "RuntimeError: out of memory" in by["c", "fwd+bwd"].note
+    # each smoke timing makes 3 calls per mode (6 per method and round): round 2 starts with b, round 3 with c
+    firsts = [order[i] for i in (0, 18, 36)]
+    assert firsts == ["a", "b", "c"]
+
+
 def test_trailing_rows_names_every_faster_rival():
     from fa_amd.bench import Result, trailing_rows
 

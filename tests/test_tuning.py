@@ -198,3 +198,23 @@ def test_backward_dq_policy_is_table_data(monkeypatch):
     monkeypatch.setitem(tables.NONDETERMINISTIC_DQ, "sm90", "atomics")
     with pytest.raises(ValueError, match=r"NONDETERMINISTIC_DQ\['sm90'\] must be 'atomic' or 'recompute'"):
         nondeterministic_dq("sm90")
+
+
+def test_short_override_is_table_data(monkeypatch):
+    """Launches with at most tables.SHORT_SEQLEN_K keys per row take their entries' "short" override
+    (the sm90 d128 forward: smaller tiles), applied after "causal" and before "fp32"; entries without
+    one (every AMD row) resolve the same either way."""
+    from fa_amd.tuning import is_short, resolve_entry, tables
+
+    assert is_short(tables.SHORT_SEQLEN_K) and not is_short(tables.SHORT_SEQLEN_K + 1)
+    long_cfg, short_cfg = get_config(SM90, "fwd", 128), get_config(SM90, "fwd", 128, short=True)
+    assert (long_cfg["BLOCK_M"], long_cfg["num_warps"]) == (128, 8)
+    assert (short_cfg["BLOCK_M"], short_cfg["BLOCK_N"], short_cfg["num_warps"]) == (64, 64, 4)
+    assert "short" not in short_cfg and short_cfg["num_stages"] == long_cfg["num_stages"]
+    for d in (64, 128, 256):
+        assert get_config(GFX942, "fwd", d, short=True) == get_config(GFX942, "fwd", d)
+        assert get_config(SM90, "dkdv", d, short=True) == get_config(SM90, "dkdv", d)
+    entry = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+             "causal": {"BLOCK_N": 64}, "short": {"BLOCK_N": 32, "num_stages": 2}, "fp32": {"num_stages": 1}}
+    assert resolve_entry(entry, is_fp32=True, causal=True, short=True)["BLOCK_N"] == 32
+    assert resolve_entry(entry, is_fp32=True, short=True)["num_stages"] == 1

@@ -43,7 +43,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, family_of, get_bwd_config, get_fwd_config, gqa_split_sum, nondeterministic_dq
+from ..tuning import (bwd_fusable, family_of, get_bwd_config, get_fwd_config, gqa_split_sum, is_short,
+                      nondeterministic_dq)
 from ..tuning import tables
 from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
 
@@ -811,15 +812,20 @@ def _new_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
     return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1); plain int math (triton.next_power_of_2 is a
+    constexpr-function object in recent Triton, several microseconds a call)."""
+    return 1 << (n - 1).bit_length()
+
+
 def head_dim_padded(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def _row_strides(x: torch.Tensor, varlen: bool):
     """(batch, token, head) strides; varlen tensors have no batch axis."""
-    if varlen:
-        return 0, x.stride(0), x.stride(1)
-    return x.stride(0), x.stride(1), x.stride(2)
+    s = x.stride()  # one call: the launchers ask for ~15 tensors' strides per forward+backward
+    return (0, s[0], s[1]) if varlen else s[:3]
 
 
 def _lse_strides(lse: torch.Tensor, varlen: bool):
@@ -972,9 +978,9 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     d_pad = head_dim_padded(d)
     scalars, flags, keep_scale = _score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
-    # causal / right-windowed rows see fewer keys: the table may pick smaller tiles for them
+    # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
     arch = arch_for(q)
-    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k))
     # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
@@ -1000,9 +1006,11 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                        deterministic=True):
     """Returns (dq, dk, dv) with the shapes of q, k, v.
 
-    deterministic=True: dQ in its own kernel (no atomics, bitwise reproducible).
-    deterministic=False: dQ accumulated with fp32 atomics inside the dK/dV
-    kernel, which saves recomputing S and dP (flash-attn's default trade)."""
+    deterministic=True: no atomics anywhere (bitwise reproducible); dQ from dQ programs, fused into
+    the dK/dV launch or in a second kernel (backward_dq_mode).
+    deterministic=False: the tables may choose fp32 atomics for dQ (tables.NONDETERMINISTIC_DQ) and for
+    the sums of split GQA groups (tables.GQA_SPLIT_SUM).
+    """
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = _shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     dq = _new_output(q, q.shape)
     dk = _new_output(k, k.shape)

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention import next_power_of_2
+
 # ---------------------------------------------------------------------------
 # Triton kernel
 # ---------------------------------------------------------------------------
@@ -163,11 +165,11 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
 
     half = rotary_dim // 2
     n_pass = head_dim - rotary_dim
-    block_half = triton.next_power_of_2(half)
-    block_h = triton.next_power_of_2(n_heads)
-    block_pass = triton.next_power_of_2(n_pass) if n_pass > 0 else 0
+    block_half = next_power_of_2(half)
+    block_h = next_power_of_2(n_heads)
+    block_pass = next_power_of_2(n_pass) if n_pass > 0 else 0
     width = max(block_half, block_pass)
-    block_s = max(1, min(triton.next_power_of_2(seqlen), _MAX_TILE // (block_h * width)))
+    block_s = max(1, min(next_power_of_2(seqlen), _MAX_TILE // (block_h * width)))
     grid = (triton.cdiv(seqlen, block_s), batch)
     _rotary_kernel[grid](
         x,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from ..arch import Arch
-from . import tables
+from . import autotune, tables
 from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
@@ -26,21 +26,20 @@ def family_of(arch: Arch) -> str:
 
 
 def _overrides():
-    from . import autotune  # local import: only reads a json file when present
-
-    return autotune.load_tuned_table()
+    return autotune.load_tuned_table()  # reads a json file only when present
 
 
 # per-case overrides a table entry may hold, applied in this order
-OVERRIDES = ("causal", "fp32")
+OVERRIDES = ("causal", "short", "fp32")
 
 
-def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False) -> Dict:
+def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False) -> Dict:
     """A table entry as a launch dict: its "causal" override applied for causal
-    (or right-windowed) attention, its "fp32" override for fp32 inputs, and the
+    (or right-windowed) attention, its "short" override for launches with at most
+    tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32 inputs, and the
     default of every kernel switch (tables.KERNEL_SWITCHES) it does not set."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
-    for name, wanted in (("causal", causal), ("fp32", is_fp32)):
+    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
     for name, default in KERNEL_SWITCHES.items():
@@ -56,31 +55,46 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False) -> D
 _RESOLVED: Dict[tuple, tuple] = {}
 
 
-def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict:
-    """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+def _table_rows(arch: Arch, head_dim_padded: int):
+    """The family's rows in force now: a tuned table on disk (or a candidate under test) over the defaults."""
     if arch.backend in ("hip", "cuda"):
-        from . import autotune
-
         autotune.ensure_tuned(arch, head_dim_padded)  # no-op unless FA_AMD_AUTOTUNE=1
     family = family_of(arch)
-    rows = _overrides().get(family) or TABLES[family]
-    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal))
+    return _overrides().get(family) or TABLES[family]
+
+
+def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
+                   short: bool = False) -> Dict:
+    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short))
     hit = _RESOLVED.get(key)
     if hit is not None and hit[0] is rows:
         return dict(hit[1])
-    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal)
+    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short)
     if len(_RESOLVED) > 256:
         _RESOLVED.clear()
     _RESOLVED[key] = (rows, cfg)
     return dict(cfg)
 
 
-def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool) -> Dict:
+def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
+               short: bool = False) -> Dict:
+    """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options.
+    short: the launch has at most tables.SHORT_SEQLEN_K keys per row (see is_short)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return _cached_config(_table_rows(arch, head_dim_padded), arch, kernel, head_dim_padded, is_fp32, causal, short)
+
+
+def is_short(max_seqlen_k: int) -> bool:
+    """Whether a launch with this many keys per row takes its entries' "short" overrides."""
+    return max_seqlen_k <= tables.SHORT_SEQLEN_K
+
+
+def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
+             short: bool = False) -> Dict:
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
     # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
-    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal)
+    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal, short)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
@@ -88,12 +102,16 @@ def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool,
     return cfg
 
 
-def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict:
-    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal)
+def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
+                   short: bool = False) -> Dict:
+    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short)
 
 
 def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
-    return {k: get_config(arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}
+    # the tables in force are looked up once for the three kernels (environment and tuned-file
+    # checks are most of a cached lookup's host time)
+    rows = _table_rows(arch, head_dim_padded)
+    return {k: _cached_config(rows, arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}
 
 
 def _family_choice(name: str, family: str, default: str, choices: tuple) -> str:

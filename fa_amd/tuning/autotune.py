@@ -137,7 +137,7 @@ def save_tuned_rows(family: str, rows: List[dict], path: Optional[Path] = None) 
 # --------------------------------------------------------------------------- candidates
 
 def _strip_for(arch, cfg: Dict) -> Dict:
-    cfg = {k: v for k, v in cfg.items() if k not in ("fp32", "causal")}
+    cfg = {k: v for k, v in cfg.items() if k not in ("fp32", "causal", "short")}
     if arch.backend != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)

@@ -12,8 +12,10 @@ num_stages, and -- in HIP rows only, because only the AMD backend accepts them
 of KERNEL_SWITCHES (constexpr; RELOAD_CHUNK in the gfx1100 rows).
 Optional override dicts per kernel: "causal" (causal or right-windowed
 attention, where rows see fewer keys and smaller tiles waste less on the
-diagonal) and "fp32" (fp32 inputs: twice the shared memory per tile), applied
-in that order (fa_amd.tuning.resolve_entry).
+diagonal), "short" (at most SHORT_SEQLEN_K keys per row: short loops, where
+per-program set-up and the last wave's tail weigh more) and "fp32" (fp32
+inputs: twice the shared memory per tile), applied in that order
+(fa_amd.tuning.resolve_entry).
 
 Numbers for sm90 were measured on an H100 (docs/PERFORMANCE.md, docs/TUNING_NOTES.md);
 AMD rows are starting points chosen to compile with zero scratch for their
@@ -63,6 +65,9 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 # 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
+# A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
+SHORT_SEQLEN_K = 1024
+
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
 
 TABLES = {
@@ -85,10 +90,14 @@ TABLES = {
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
         # fwd s16k: 128x128/w8 488 vs 64x64/w4 466; causal s1k: 64x64/w4 318 vs 262, s4k 439 vs 396;
+        # short (non-causal, 5 alternating rounds, 2026-11-23): s1k 64x64/w4/s3 406 vs 128x128/w8/s3 388
+        # (Flex 402), s2k 437 vs 449, s4k 426 vs 469;
         # dK/dV (atomic dQ) s16k 402 vs 32x128: 335; deterministic dQ 128x64/w8/s3 361 vs 128x32/s2 273
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
-                 "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, "fp32": {"BLOCK_N": 32, "num_stages": 2}},
+                 "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                 "fp32": {"BLOCK_N": 32, "num_stages": 2}},
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
