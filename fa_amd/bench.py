@@ -9,10 +9,10 @@ Shapes: head dim 64/128/256, causal and not, seqlen 512..16k holding
 batch*seqlen = 16k tokens and nheads*headdim = 2048; GQA rows (16 q / 4 kv
 heads, d128); varlen rows (16k tokens packed from 17 documents, causal, d128).
 FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
-forward+backward = 3.5x forward.  Each method is timed with
-triton.testing.do_bench (median) after a warm-up, on random inputs, in
-interleaved rounds with its peers (ROUNDS); the median round is reported.  Peak
-memory is that of one forward+backward, beside plain PyTorch ("eager").
+forward+backward = 3.5x forward.  Each method is timed with CUDA events after
+an L2 flush (triton.testing.do_bench's method), on random inputs, in
+interleaved rounds with its peers (ROUNDS); the median round is reported.
+Peak memory is that of one forward+backward, beside plain PyTorch ("eager").
 """
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def make_inputs(shape: Shape, layout: str, dtype, device, seed: int = 0):
     return q, k, v, dout
 
 
-def time_ms(fn, grad_to_none=None, smoke: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+def time_ms(fn, grad_to_none=None, smoke: bool = False) -> float:
     """Median milliseconds: triton.testing.do_bench on a GPU, a few wall-clock reps on CPU."""
     if smoke or not torch.cuda.is_available():
         fn()
@@ -278,8 +278,7 @@ def time_ms(fn, grad_to_none=None, smoke: bool = False, warmup_ms: int = 25, rep
 
     fn()  # warm-up (compiles)
     torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
-                                         return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
 
 
 def peak_memory_mib(fn) -> Optional[float]:
@@ -346,8 +345,9 @@ def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
 # cooler minute (one 100 ms do_bench per peer, back to back, swung the near-tie rows by 2-5 %
 # between runs on the lent H100, docs/TUNING_NOTES.md v7).
 ROUNDS = 3
-ROUND_WARMUP_MS = 5
 ROUND_REP_MS = 30
+MIN_CALLS_PER_ROUND = 8
+MAX_ROUND_MS = 300
 
 
 @dataclass
@@ -359,6 +359,7 @@ class _Timed:
     grads: tuple
     rounds: List[float]
     note: str = ""
+    calls: int = 1  # timed calls per round (set in round one)
 
 
 def _failure_note(exc: Exception) -> str:
@@ -387,18 +388,52 @@ def _prepare(method: str, shape: Shape, dtype, device) -> List[_Timed]:
     return [_Timed(base, "fwd", fwd, (q, k, v), []), _Timed(base, "fwd+bwd", fwd_bwd, (q, k, v), [])]
 
 
+_L2_FLUSH = []  # one 256 MB buffer, zeroed before every timed call (as triton.testing.do_bench does)
+
+
+def _calls_per_round(est_ms: float) -> int:
+    """ROUND_REP_MS of calls, but at least MIN_CALLS_PER_ROUND (long rows: a median of a few calls,
+    not of one) and at most ~MAX_ROUND_MS (the eager peer at long rows)."""
+    calls = max(MIN_CALLS_PER_ROUND, round(ROUND_REP_MS / max(est_ms, 1e-3)))
+    return max(1, min(calls, int(MAX_ROUND_MS / max(est_ms, 1e-3))))
+
+
+def gpu_round_ms(fn, grads, calls: int) -> float:
+    """Median GPU milliseconds of `calls` calls, each after an L2 flush, timed with CUDA events;
+    `grads` are reset before each call so a backward assigns instead of accumulating."""
+    if not _L2_FLUSH:
+        _L2_FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
+    flush = _L2_FLUSH[0]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    _clear_grads(grads)
+    fn()  # warm again after the other methods' rounds
+    for start, end in events:
+        _clear_grads(grads)
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[len(times) // 2]
+
+
 def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
     if timed.call is None or timed.note:
         return
     try:
-        if first or smoke or not torch.cuda.is_available():
-            ms = time_ms(timed.call, grad_to_none=list(timed.grads), smoke=smoke,
-                         warmup_ms=ROUND_WARMUP_MS, rep_ms=ROUND_REP_MS)
-        else:  # compiled and warm since round one
-            import triton
-
-            ms = float(triton.testing.do_bench(timed.call, warmup=ROUND_WARMUP_MS, rep=ROUND_REP_MS,
-                                               grad_to_none=list(timed.grads), return_mode="median"))
+        if smoke or not torch.cuda.is_available():
+            ms = time_ms(timed.call, grad_to_none=list(timed.grads), smoke=True)
+        else:
+            if first:  # compile, then a wall-clock estimate of one call sizes the rounds
+                timed.call()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                _clear_grads(timed.grads)
+                timed.call()
+                torch.cuda.synchronize()
+                timed.calls = _calls_per_round((time.perf_counter() - start) * 1e3)
+            ms = gpu_round_ms(timed.call, timed.grads, timed.calls)
         timed.rounds.append(ms)
     except Exception as exc:  # a peer that cannot run this shape: report, keep going
         timed.note = _failure_note(exc)
@@ -563,8 +598,9 @@ def _timing_sentence(payload: Dict) -> str:
     if not rounds or rounds == 1:
         return "Times are triton.testing.do_bench medians."
     return (f"Times: per shape, every method's forward and forward+backward are timed in {rounds} interleaved "
-            f"rounds (triton.testing.do_bench, {payload.get('round_ms', ROUND_REP_MS)} ms of calls each, median "
-            "per round; each round starts with another method) and the median round is reported.")
+            f"rounds (each round starts with another method) of {payload.get('round_ms', ROUND_REP_MS)} ms of calls, "
+            f"at least {MIN_CALLS_PER_ROUND}, each after an L2 flush, with CUDA events (the method of "
+            "triton.testing.do_bench); a round reports its median call and the table the median round.")
 
 
 def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:

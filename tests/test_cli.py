@@ -75,6 +75,15 @@ def test_bench_rounds_interleave_peers(monkeypatch):
     assert firsts == ["a", "b", "c"]
 
 
+def test_calls_per_round_bounds():
+    """Short calls fill ROUND_REP_MS; long ones still get MIN_CALLS_PER_ROUND (a median of several
+    calls); very long ones are capped near MAX_ROUND_MS but never below one call."""
+    assert bench._calls_per_round(1.0) == round(bench.ROUND_REP_MS / 1.0)
+    assert bench._calls_per_round(17.0) == bench.MIN_CALLS_PER_ROUND
+    assert bench._calls_per_round(150.0) * 150.0 <= bench.MAX_ROUND_MS
+    assert bench._calls_per_round(10_000.0) == 1
+
+
 def test_trailing_rows_names_every_faster_rival():
     from fa_amd.bench import Result, trailing_rows
 
