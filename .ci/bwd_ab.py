@@ -1,6 +1,8 @@
-"""GPU experiment: forward+backward A/B on the d128 non-causal rows where FlexAttention's backward was
-closest in the 2026-11-23 interleaved bench (docs/TUNING_NOTES.md v8): dK/dV tile and stage variants of
-the fused backward, the two-launch backward, and FlexAttention, in alternating rounds (fwd+bwd timed as
+"""GPU experiment: forward+backward A/B on the rows where FlexAttention's backward was closest in the
+2026-11-23 interleaved benches (docs/TUNING_NOTES.md v8): HEAD_DIM=128 (default), the d128 non-causal
+rows: dK/dV tile and stage variants of the fused backward and the two-launch backward; HEAD_DIM=64:
+the d64 backward fused with w8 dQ tiles against the table's two launches; FlexAttention in the same
+alternating rounds (fwd+bwd timed as
 `fa-amd bench` times it: CUDA events after an L2 flush, median call per round).  Prints the median
 round per (row, variant).  ROUNDS (env) sets the rounds."""
 import json
@@ -15,18 +17,29 @@ from fa_amd.kernels import attention as A
 from fa_amd.tuning import tables
 
 ROUNDS = int(os.environ.get("ROUNDS", 5))
-ROWS = [bench.Shape(1, 16384, 16, 16, 128, False), bench.Shape(2, 8192, 16, 16, 128, False),
-        bench.Shape(16, 1024, 16, 16, 128, False)]
-ROW = next(r for r in tables.TABLES["sm90"] if r["head_dim"] == 128)
+HEAD_DIM = int(os.environ.get("HEAD_DIM", 128))
+if HEAD_DIM == 128:
+    ROWS = [bench.Shape(1, 16384, 16, 16, 128, False), bench.Shape(2, 8192, 16, 16, 128, False),
+            bench.Shape(16, 1024, 16, 16, 128, False)]
+    # name -> (dq mode, dkdv changes, dq changes)
+    VARIANTS = {
+        "table": (None, {}, {}),
+        "s2": (None, {"num_stages": 2}, {"num_stages": 2}),
+        "dkdv32x128": (None, {"BLOCK_M": 32}, {}),
+        "dq64x64": (None, {}, {"BLOCK_M": 64}),
+        "separate": ("separate", {}, {}),
+    }
+else:  # d64: the table's dQ entry runs 4 warps, so its backward is two launches; fused with w8 dQ tiles?
+    ROWS = [bench.Shape(16, 1024, 32, 32, 64, True), bench.Shape(16, 1024, 32, 32, 64, False),
+            bench.Shape(4, 4096, 32, 32, 64, True), bench.Shape(1, 16384, 32, 32, 64, False)]
+    VARIANTS = {
+        "table": (None, {}, {}),
+        "fused-dq128x64w8": (None, {}, {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8}),
+        "fused-dq128x32w8": (None, {}, {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8}),
+        "fused-dq64x64w8": (None, {}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8}),
+    }
+ROW = next(r for r in tables.TABLES["sm90"] if r["head_dim"] == HEAD_DIM)
 PRISTINE = {k: dict(ROW[k]) for k in ("dkdv", "dq")}
-# name -> (dq mode, dkdv changes, dq changes)
-VARIANTS = {
-    "table": (None, {}, {}),
-    "s2": (None, {"num_stages": 2}, {"num_stages": 2}),
-    "dkdv32x128": (None, {"BLOCK_M": 32}, {}),
-    "dq64x64": (None, {}, {"BLOCK_M": 64}),
-    "separate": ("separate", {}, {}),
-}
 
 
 def apply(mode, dkdv, dq):
