@@ -50,29 +50,24 @@ def apply(mode, dkdv, dq):
     tuning._RESOLVED.clear()
 
 
-def timer(shape, maker, setting):
-    fn, layout = maker(shape, "cuda")
-    q, k, v, dout = bench.make_inputs(shape, layout, torch.bfloat16, "cuda")
-
-    def fwd_bwd():
-        out = fn(q, k, v)
-        (out[0] if isinstance(out, tuple) else out).backward(dout)
-
+def timer(shape, method, setting):
+    """Rounds of the bench's own forward+backward call of `method` under `setting`."""
+    fwd_bwd = bench._prepare(method, shape, torch.bfloat16, "cuda")[1]
     apply(*setting)
-    fwd_bwd()
+    fwd_bwd.call()
     torch.cuda.synchronize()
 
     def once():
         apply(*setting)
-        return bench.gpu_round_ms(fwd_bwd, (q, k, v), 8)
+        return bench.gpu_round_ms(fwd_bwd.call, fwd_bwd.grads, 8)
     return once
 
 
 def main():
     rows = []
     for shape in ROWS:
-        timers = {name: timer(shape, bench.make_fa_amd, s) for name, s in VARIANTS.items()}
-        timers["flex"] = timer(shape, bench.make_flex, VARIANTS["table"])
+        timers = {name: timer(shape, "fa_amd", s) for name, s in VARIANTS.items()}
+        timers["flex"] = timer(shape, "flex", VARIANTS["table"])
         times = {name: [] for name in timers}
         for r in range(ROUNDS):
             names = list(timers)

@@ -87,7 +87,7 @@ class Result:
     # replayed from a CUDA graph (no host work at all); host_ms >= graph_ms means the row measured the CPU
     host_ms: Optional[float] = None
     graph_ms: Optional[float] = None
-    rounds_ms: Optional[List[float]] = None  # each round's do_bench median; ms is their median
+    rounds_ms: Optional[List[float]] = None  # each round's median call; ms is their median
 
 
 def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None) -> List[Shape]:
@@ -745,6 +745,7 @@ def run_cli(args) -> int:
         if rounds < 1:
             print(f"error: --rounds must be >= 1, got {rounds}", file=sys.stderr)
             return 2
+
         def payload_of(results):
             return {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
                     "rounds": rounds, "round_ms": ROUND_REP_MS, "results": [asdict(r) for r in results]}

@@ -107,6 +107,8 @@ def test_bad_input_is_a_clear_error(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "--dtype", "fp8"])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    res = run_cli("bench", "--smoke", "--rounds", "0")
+    assert res.returncode == 2 and "--rounds must be >= 1, got 0" in res.stderr
     assert cli.main(["compile", "--arch", "gfx999"]) == 2
     assert "unknown target" in capsys.readouterr().err
     if not cli_gpu():

@@ -6,7 +6,7 @@ from typing import Dict
 
 from ..arch import Arch
 from . import autotune, tables
-from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
+from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
 
@@ -29,8 +29,6 @@ def _overrides():
     return autotune.load_tuned_table()  # reads a json file only when present
 
 
-# per-case overrides a table entry may hold, applied in this order
-OVERRIDES = ("causal", "short", "fp32")
 
 
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False) -> Dict:

@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
+from .tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
 
 AUTOTUNE_ENV = "FA_AMD_AUTOTUNE"
 FILE_FORMAT = 1
@@ -137,7 +137,7 @@ def save_tuned_rows(family: str, rows: List[dict], path: Optional[Path] = None) 
 # --------------------------------------------------------------------------- candidates
 
 def _strip_for(arch, cfg: Dict) -> Dict:
-    cfg = {k: v for k, v in cfg.items() if k not in ("fp32", "causal", "short")}
+    cfg = {k: v for k, v in cfg.items() if k not in OVERRIDES}
     if arch.backend != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)

@@ -65,6 +65,8 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 # 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
+# The per-case override dicts an entry may hold, in the order they are applied (resolve_entry).
+OVERRIDES = ("causal", "short", "fp32")
 # A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
 SHORT_SEQLEN_K = 1024
 
