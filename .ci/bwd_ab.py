@@ -13,7 +13,7 @@ import sys
 import torch
 
 from fa_amd import bench, tuning
-from fa_amd.kernels import attention as A
+from fa_amd.kernels import backward as A
 from fa_amd.tuning import tables
 
 ROUNDS = int(os.environ.get("ROUNDS", 5))

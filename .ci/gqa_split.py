@@ -11,7 +11,7 @@ import sys
 import torch
 
 from fa_amd import bench
-from fa_amd.kernels import attention as A
+from fa_amd.kernels import backward as A
 from fa_amd.tuning import tables
 
 SHAPES = [bench.Shape(8, 2048, 16, 4, 128, True), bench.Shape(8, 2048, 16, 4, 128, False),

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import fa_amd
 from fa_amd.bench import host_ms_per_call
-from fa_amd.kernels import attention as A
+from fa_amd.kernels import backward as A, forward as F
 from fa_amd.ops import EagerAttention
 
 B, S, H, D = 16, 1024, 16, 128
@@ -21,7 +21,7 @@ q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=T
 k = torch.randn_like(q).requires_grad_()
 v = torch.randn_like(q).requires_grad_()
 dout = torch.randn_like(q)
-out, lse, _ = A.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
+out, lse, _ = F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def empty_launch():
 
 
 def launchers():
-    A.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
+    F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
     A.attention_backward(dout, q, k, v, out, lse, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
 
 

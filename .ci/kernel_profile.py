@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 import fa_amd
 from fa_amd import bench
 from fa_amd import tuning
-from fa_amd.kernels import attention as A
+from fa_amd.kernels import backward as A
 from fa_amd.tuning import tables
 
 ROWS = [bench.Shape(16, 1024, 16, 16, 128, False), bench.Shape(4, 4096, 16, 16, 128, False),

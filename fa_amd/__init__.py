@@ -47,4 +47,7 @@ def _register_transformers():
         warnings.warn(str(err), stacklevel=2)
 
 
+# installs the tune-on-first-use hook of FA_AMD_AUTOTUNE=1 (the tuner sits above the kernels)
+from . import autotune  # noqa: E402,F401
+
 _register_transformers()

@@ -17,6 +17,7 @@ functions, so the workers drop TRITON_INTERPRET, which tests set).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import queue
@@ -60,14 +61,15 @@ VARIANTS = {
     # at most tables.SHORT_SEQLEN_K keys per row); built only for entries that have one
     "short": dict(GROUP=2, **{k: v for k, v in ALL_FLAGS.items() if k != "HAS_RIGHT"}),
 }
+# kernel -> (module of fa_amd.kernels, @triton.jit function name)
 _KERNEL_FN = {
-    "fwd": "attn_fwd_kernel",
-    "dkdv": "attn_bwd_dkdv_kernel",
-    "dkdv_atomic": "attn_bwd_dkdv_kernel",
-    "dkdv_fused": "attn_bwd_dkdv_kernel",
-    "dq": "attn_bwd_dq_kernel",
-    "preprocess": "bwd_preprocess_kernel",
-    "probs": "attn_probs_kernel",
+    "fwd": ("forward", "attn_fwd_kernel"),
+    "dkdv": ("backward", "attn_bwd_dkdv_kernel"),
+    "dkdv_atomic": ("backward", "attn_bwd_dkdv_kernel"),
+    "dkdv_fused": ("backward", "attn_bwd_dkdv_kernel"),
+    "dq": ("backward", "attn_bwd_dq_kernel"),
+    "preprocess": ("backward", "bwd_preprocess_kernel"),
+    "probs": ("forward", "attn_probs_kernel"),
 }
 # Spills that no table row avoids with the current kernel code, and why.
 # Listed here they print as "known spill" and do not fail the check; the test
@@ -207,7 +209,7 @@ def _variant_config(target: str, kernel: str, head_dim: int, variant: str) -> Di
 
 def _d_pad(head_dim: int) -> int:
     # the launcher's own rule, so the AOT check compiles exactly what runs
-    from .kernels.attention import head_dim_padded
+    from .kernels.launch import head_dim_padded
 
     return head_dim_padded(head_dim)
 
@@ -369,12 +371,12 @@ def _compile_one(job: CompileJob) -> CompileResult:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .kernels import attention
 
     backend, arch, warp = TARGETS[job.target]
     cfg = job.config or _variant_config(job.target, job.kernel, job.head_dim, job.variant)
     result = CompileResult(job.target, job.kernel, job.name, config=cfg)
-    fn = getattr(attention, _KERNEL_FN[job.kernel])
+    module, fn_name = _KERNEL_FN[job.kernel]
+    fn = getattr(importlib.import_module(f"fa_amd.kernels.{module}"), fn_name)
     constexprs = _job_constexprs(job, fn, cfg)
     sig, attrs = _signature(fn, constexprs, job.dtype)
     options = compile_options(cfg)

@@ -27,7 +27,7 @@ def cmd_info(args) -> int:
 
     from .arch import INTERPRET, device_arch
     from .tuning import KERNELS, family_of, get_config
-    from .tuning.autotune import autotune_enabled, tuned_copy, tuned_table_path
+    from .tuning.tuned_table import autotune_enabled, tuned_copy, tuned_table_path
 
     torch_v, triton_v = _versions()
     arch = device_arch()
@@ -119,7 +119,7 @@ def cmd_tune(args) -> int:
 
     from .arch import device_arch
     from .tuning import family_of
-    from .tuning import autotune
+    from . import autotune
 
     if not torch.cuda.is_available():
         print("error: `fa-amd tune` needs a GPU (it times kernels on the current device)", file=sys.stderr)

@@ -15,7 +15,7 @@ import torch
 
 from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
 from .arch import INTERPRET, check_interpreter_supported
-from .kernels.attention import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
+from .kernels.launch import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

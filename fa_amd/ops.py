@@ -25,7 +25,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .kernels.attention import attention_backward, attention_forward, with_int32_row_offsets
+from .kernels.backward import attention_backward
+from .kernels.forward import attention_forward
+from .kernels.launch import with_int32_row_offsets
 
 
 @torch.library.custom_op("fa_amd::attention_fwd", mutates_args=())

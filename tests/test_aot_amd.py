@@ -58,14 +58,14 @@ def test_default_config_matches_tables():
 
 
 def test_signature_marks_types_and_alignment():
-    from fa_amd.kernels import attention
+    from fa_amd.kernels import backward, forward
 
-    fn = attention.attn_fwd_kernel
+    fn = forward.attn_fwd_kernel
     job = aot.CompileJob("gfx942", "fwd", 80, "bf16", "all")
     constexprs = aot._job_constexprs(job, fn, aot.default_config("gfx942", "fwd", 128))
     assert constexprs["HEAD_DIM"] == 80 and constexprs["D_PAD"] == 128 and constexprs["HAS_DROPOUT"]
     assert constexprs["RELOAD_CHUNK"] == 0  # the kernel switch is a constexpr argument, not an option
-    rdna = aot._job_constexprs(aot.CompileJob("gfx1100", "dkdv", 128, "bf16", "all"), attention.attn_bwd_dkdv_kernel,
+    rdna = aot._job_constexprs(aot.CompileJob("gfx1100", "dkdv", 128, "bf16", "all"), backward.attn_bwd_dkdv_kernel,
                                aot.default_config("gfx1100", "dkdv", 128))
     assert rdna["RELOAD_CHUNK"] == 32
     sig, attrs = aot._signature(fn, constexprs, "bf16")

@@ -7,7 +7,8 @@ import warnings
 import pytest
 
 from fa_amd.arch import Arch
-from fa_amd.tuning import autotune, get_config
+from fa_amd import autotune
+from fa_amd.tuning import get_config, tuned_table
 from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 GFX942 = Arch("hip", "gfx942", 64)
@@ -27,9 +28,9 @@ FAKE_ROW = {
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FA_AMD_CACHE_DIR", str(tmp_path))
-    autotune.invalidate_cache()
+    tuned_table.invalidate_cache()
     yield tmp_path
-    autotune.invalidate_cache()
+    tuned_table.invalidate_cache()
 
 
 @pytest.mark.parametrize("arch", [SM90, Arch("cuda", "sm80", 32), Arch("interpreter", "cpu", 32)])
@@ -49,14 +50,14 @@ def test_hip_options_present_on_hip(cache_dir):
 
 
 def test_no_file_means_defaults(cache_dir):
-    assert autotune.load_tuned_table() == {}
+    assert tuned_table.load_tuned_table() == {}
     assert get_config(GFX942, "fwd", 128)["BLOCK_M"] == next(r for r in TABLES["gfx942"] if r["head_dim"] == 128)["fwd"]["BLOCK_M"]
 
 
 def test_save_and_load_merges_over_defaults(cache_dir):
-    path = autotune.save_tuned_rows("gfx942", [FAKE_ROW])
-    assert path == autotune.tuned_table_path() and path.parent == cache_dir
-    table = autotune.load_tuned_table()
+    path = tuned_table.save_tuned_rows("gfx942", [FAKE_ROW])
+    assert path == tuned_table.tuned_table_path() and path.parent == cache_dir
+    table = tuned_table.load_tuned_table()
     rows = table["gfx942"]
     assert [r["head_dim"] for r in rows] == [64, 128, 256]  # untuned classes keep their default rows
     assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
@@ -64,16 +65,16 @@ def test_save_and_load_merges_over_defaults(cache_dir):
                                              **KERNEL_SWITCHES}
     assert get_config(GFX942, "fwd", 256)["BLOCK_M"] == TABLES["gfx942"][2]["fwd"]["BLOCK_M"]
     # the same tuned row on a non-HIP family loses its AMD-only options
-    autotune.save_tuned_rows("sm90", [FAKE_ROW])
+    tuned_table.save_tuned_rows("sm90", [FAKE_ROW])
     cfg = get_config(SM90, "fwd", 128)
     assert cfg["BLOCK_N"] == 16 and not set(HIP_ONLY_OPTIONS) & set(cfg)
     # a second save merges with what is on disk
     data = json.loads(path.read_text())
-    assert set(data["families"]) == {"gfx942", "sm90"} and data["format"] == autotune.FILE_FORMAT
+    assert set(data["families"]) == {"gfx942", "sm90"} and data["format"] == tuned_table.FILE_FORMAT
 
 
 def test_loaded_in_another_process(cache_dir):
-    autotune.save_tuned_rows("gfx942", [FAKE_ROW])
+    tuned_table.save_tuned_rows("gfx942", [FAKE_ROW])
     code = ("from fa_amd.arch import Arch; from fa_amd.tuning import get_config; "
             "print(get_config(Arch('hip', 'gfx942', 64), 'fwd', 128)['waves_per_eu'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -84,7 +85,7 @@ def test_broken_file_warns_and_uses_defaults(cache_dir):
     (cache_dir / "tuned_table.json").write_text("{not json")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert autotune.load_tuned_table() == {}
+        assert tuned_table.load_tuned_table() == {}
     assert any("unreadable tuned table" in str(w.message) for w in caught)
     assert "BLOCK_M" in get_config(GFX942, "fwd", 128)
 
@@ -92,7 +93,7 @@ def test_broken_file_warns_and_uses_defaults(cache_dir):
 def test_malformed_rows_are_dropped(cache_dir):
     bad = dict(FAKE_ROW, fwd={"num_warps": 4})  # no tile sizes
     (cache_dir / "tuned_table.json").write_text(json.dumps({"format": 1, "families": {"gfx942": [bad]}}))
-    assert autotune.load_tuned_table() == {}
+    assert tuned_table.load_tuned_table() == {}
 
 
 def test_candidate_lists_respect_backend():
@@ -137,7 +138,7 @@ def test_ensure_tuned_is_a_noop_without_gpu_or_env(cache_dir, monkeypatch):
 
 def test_ensure_tuned_skips_when_already_tuned(cache_dir, monkeypatch):
     monkeypatch.setenv(autotune.AUTOTUNE_ENV, "1")
-    autotune.save_tuned_rows("gfx942", [FAKE_ROW])
+    tuned_table.save_tuned_rows("gfx942", [FAKE_ROW])
     called = []
     monkeypatch.setattr(autotune, "tune_head_dim", lambda *a, **k: called.append(a))
     autotune.ensure_tuned(GFX942, 128)

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import next_power_of_2
+from .launch import next_power_of_2
 
 # ---------------------------------------------------------------------------
 # Triton kernel

@@ -1,11 +1,12 @@
 """Launch-configuration chooser: reads the per-arch tables (data, tables.py),
-optionally overridden by a tuned table on disk (see fa_amd.tuning.autotune)."""
+optionally overridden by a tuned table on disk (fa_amd.tuning.tuned_table, written by
+fa_amd.autotune)."""
 from __future__ import annotations
 
 from typing import Dict
 
 from ..arch import Arch
-from . import autotune, tables
+from . import tables, tuned_table
 from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
@@ -26,9 +27,7 @@ def family_of(arch: Arch) -> str:
 
 
 def _overrides():
-    return autotune.load_tuned_table()  # reads a json file only when present
-
-
+    return tuned_table.load_tuned_table()  # reads a json file only when present
 
 
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False) -> Dict:
@@ -55,8 +54,8 @@ _RESOLVED: Dict[tuple, tuple] = {}
 
 def _table_rows(arch: Arch, head_dim_padded: int):
     """The family's rows in force now: a tuned table on disk (or a candidate under test) over the defaults."""
-    if arch.backend in ("hip", "cuda"):
-        autotune.ensure_tuned(arch, head_dim_padded)  # no-op unless FA_AMD_AUTOTUNE=1
+    if arch.backend in ("hip", "cuda") and tuned_table.first_use_hook is not None:
+        tuned_table.first_use_hook(arch, head_dim_padded)  # fa_amd.autotune: no-op unless FA_AMD_AUTOTUNE=1
     family = family_of(arch)
     return _overrides().get(family) or TABLES[family]
 

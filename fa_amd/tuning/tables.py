@@ -27,7 +27,7 @@ user's GPU.
 # GQA backward: a dK/dV program sums its KV head's whole query-head group unless that program
 # would be longer than this share of one SM's part of the launch's work (the rest of the GPU
 # would idle in its tail); then each program takes one query head, and the group's slices are
-# summed afterwards (fa_amd.kernels.attention.dkdv_heads_per_program).  H100, fused backward,
+# summed afterwards (fa_amd.kernels.backward.dkdv_heads_per_program).  H100, fused backward,
 # 2026-11-23 (.ci/gqa_split.py, docs/TUNING_NOTES.md v7), forward+backward ms, whole group /
 # 2 heads / 1 head per program (atomic sum): (8, 2048, 16/4) causal, whose whole-group program
 # is ~28 % of an SM's share: 1.66 / 1.63 / 1.41; (2, 4096, 16/4) causal (~57 %): 1.58 / 1.51 /
@@ -268,6 +268,6 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # arguments, never as compiler options.
 #   RELOAD_CHUNK: 0 keeps the kernels' loop-invariant d-wide dot operands in
 #   registers; N > 0 reloads them from memory per block and reduces the head dim
-#   N columns at a time (fa_amd/kernels/attention.py) -- for register-bound RDNA.
+#   N columns at a time (fa_amd/kernels/forward.py, backward.py) -- for register-bound RDNA.
 KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
 

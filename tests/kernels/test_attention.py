@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fa_amd
-import fa_amd.kernels.attention as attention_kernels
+from fa_amd.kernels import backward, forward, launch
 from fa_amd.reference import attention_ref
 
 from .helpers import check_varlen, compare_dense, compare_output, compare_varlen, cu_seqlens, dense_qkv, randn
@@ -16,7 +16,7 @@ DTYPES = [torch.float16, torch.float32]
 
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
-    monkeypatch.setattr(attention_kernels, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
 
 
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_k, head_dim): odd sizes, GQA/MQA ratios
@@ -210,9 +210,9 @@ def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, s
     """dK/dV programs that sum only a slice of the GQA group: partial fp32 sums added afterwards, or
     (deterministic=False only) fp32 atomics into one buffer per KV head; with each way of
     computing dQ (its own programs in the same launch or a second one, or atomics)."""
-    monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
-    monkeypatch.setattr(attention_kernels, "BWD_DQ_MODE", dq_mode)
-    monkeypatch.setitem(attention_kernels.tables.GQA_SPLIT_SUM, "cpu", split_sum)
+    monkeypatch.setattr(backward, "DKDV_HEADS_PER_PROGRAM", heads_per_program)
+    monkeypatch.setattr(backward, "BWD_DQ_MODE", dq_mode)
+    monkeypatch.setitem(backward.tables.GQA_SPLIT_SUM, "cpu", split_sum)
     q, k, v = dense_qkv(device, torch.float16, 2, 29, 41, 8, 2, 40)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
                   causal=True)
@@ -226,7 +226,7 @@ def test_gqa_dkdv_split(device, monkeypatch, heads_per_program, deterministic, s
 
 
 def test_gqa_split_sum_must_be_known(device, monkeypatch):
-    monkeypatch.setitem(attention_kernels.tables.GQA_SPLIT_SUM, "cpu", "atomics")
+    monkeypatch.setitem(backward.tables.GQA_SPLIT_SUM, "cpu", "atomics")
     q, k, v = dense_qkv(device, torch.float16, 1, 9, 9, 4, 2, 16)
     out = fa_amd.flash_attn_func(q, k, v)
     with pytest.raises(ValueError, match=r"GQA_SPLIT_SUM\['cpu'\] must be 'partials' or 'atomic', got 'atomics'"):
@@ -234,7 +234,7 @@ def test_gqa_split_sum_must_be_known(device, monkeypatch):
 
 
 def test_dkdv_split_rule():
-    from fa_amd.kernels.attention import dkdv_heads_per_program
+    from fa_amd.kernels.backward import dkdv_heads_per_program
 
     # (group, kv heads, batch, seqlen q, seqlen k, causal, BLOCK_M, BLOCK_N, SMs, fused dQ programs)
     assert dkdv_heads_per_program(4, 4, 8, 2048, 2048, False, 64, 128, 132, True) == 4  # short tail: no split

@@ -154,9 +154,9 @@ def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
     warning and remembered, never raised to the user as a Triton error."""
     from triton.runtime.errors import OutOfResources
 
-    import fa_amd.kernels.attention as attention_kernels
+    from fa_amd.kernels import launch
 
-    monkeypatch.setattr(attention_kernels, "_FITTED_CONFIGS", {})
+    monkeypatch.setattr(launch, "_FITTED_CONFIGS", {})
     launches = []
 
     class SharedMemoryHungryKernel:
@@ -171,11 +171,11 @@ def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
     args = (torch.zeros(1),)
     kernel = SharedMemoryHungryKernel()
     with pytest.warns(UserWarning, match="does not fit this GPU"):
-        used = attention_kernels._launch(kernel, cfg, attention_kernels._blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
+        used = launch.launch(kernel, cfg, launch.grid_blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
     assert used == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     assert launches[-1] == ((2, 2, 1), 32, 1)
     launches.clear()
-    attention_kernels._launch(kernel, cfg, attention_kernels._blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
+    launch.launch(kernel, cfg, launch.grid_blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
     assert len(launches) == 1, "the fitted config is remembered"
 
 
@@ -234,7 +234,7 @@ def test_sequence_past_int32_offsets(device):
     k = torch.randn(1, 131073, 1, 128, device=device, dtype=torch.float16)
     _raises(ValueError, r"sequence length 131073 x nheads 128 x head dim 128 exceeds the 2\*\*31 elements",
             fa_amd.flash_attn_func, q, k, k)
-    from fa_amd.kernels.attention import row_offsets_fit
+    from fa_amd.kernels.launch import row_offsets_fit
 
     assert row_offsets_fit(131072, 128 * 128, 128) and not row_offsets_fit(131073, 128 * 128, 128)
     # the (seqlen_q x seqlen_k) probability matrix of return_attn_probs

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fa_amd
-import fa_amd.kernels.attention as attention_kernels
+from fa_amd.kernels import backward, forward, launch
 from fa_amd import tuning
 from fa_amd.arch import arch_for
 from fa_amd.tuning.tables import TABLES
@@ -22,7 +22,7 @@ DTYPES = [torch.float16, torch.float32]
 def reload_chunk(request, device, monkeypatch):
     """Every launch of this device's family uses RELOAD_CHUNK=param (16: several chunks, the
     last ones masked for odd head dims; 64: one chunk up to d64)."""
-    monkeypatch.setattr(attention_kernels, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     monkeypatch.setattr(tuning, "_overrides", lambda: {})  # no tuned table from disk
     arch = arch_for(torch.empty(0, device=device))
     family = tuning.family_of(arch)
@@ -66,7 +66,7 @@ def test_alibi_dropout_gqa_split(device, reload_chunk, monkeypatch, deterministi
     reloading probs kernel."""
     from fa_amd.reference import attention_ref
 
-    monkeypatch.setattr(attention_kernels, "DKDV_HEADS_PER_PROGRAM", 2)
+    monkeypatch.setattr(backward, "DKDV_HEADS_PER_PROGRAM", 2)
     dtype, p = torch.float32, 0.2
     q, k, v = dense_qkv(device, dtype, 2, 21, 30, 4, 1, 48)
     slopes = torch.rand(4, device=device) * 0.5 + 0.05

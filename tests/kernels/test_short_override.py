@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fa_amd
-import fa_amd.kernels.attention as attention_kernels
+from fa_amd.kernels import backward, forward, launch
 from fa_amd import tuning
 from fa_amd.arch import arch_for
 from fa_amd.tuning import tables
@@ -21,21 +21,21 @@ SHORT_TILE = {"BLOCK_M": 16, "BLOCK_N": 16}
 def forward_tiles(device, monkeypatch):
     """A "short" override on this device's forward entries (threshold 24 keys); returns the list of
     forward tiles launched."""
-    monkeypatch.setattr(attention_kernels, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     monkeypatch.setattr(tuning, "_overrides", lambda: {})
     monkeypatch.setattr(tables, "SHORT_SEQLEN_K", 24)
     family = tuning.family_of(arch_for(torch.empty(0, device=device)))
     rows = [dict(row, fwd=dict(row["fwd"], short=SHORT_TILE)) for row in tables.TABLES[family]]
     monkeypatch.setitem(tables.TABLES, family, rows)
     launched = []
-    real_launch = attention_kernels._launch
+    real_launch = forward.launch
 
     def spy(kernel, cfg, *args, **kwargs):
-        if kernel is attention_kernels.attn_fwd_kernel:
+        if kernel is forward.attn_fwd_kernel:
             launched.append((cfg["BLOCK_M"], cfg["BLOCK_N"]))
         return real_launch(kernel, cfg, *args, **kwargs)
 
-    monkeypatch.setattr(attention_kernels, "_launch", spy)
+    monkeypatch.setattr(forward, "launch", spy)
     return launched
 
 

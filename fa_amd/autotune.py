@@ -1,137 +1,36 @@
-"""Tuned launch tables on disk, and the tuner that writes them (opt-in).
-
-The file at `tuned_table_path()` holds, per arch family, rows with the same
-structure as tables.py ({"head_dim", "fwd", "dkdv", "dq"}) plus a "tuned" note
-(device, triton version, timings).  `load_tuned_table()` returns every family
-present there with its tuned rows merged over the default rows, so a family
-tuned only for head dim 128 still gets the default 64 and 256 rows.
+"""The launch-config tuner (opt-in): times candidate configs of the real kernels and
+saves the best to the tuned table on disk (fa_amd.tuning.tuned_table).
 
 Who tunes:
   * `fa-amd tune --head-dims 64 128 256` -- explicit, on the current GPU;
   * with FA_AMD_AUTOTUNE=1, `ensure_tuned(arch, head_dim_padded)` tunes a head-dim
-    class the first time it is used (warning once, a few minutes) and persists it.
+    class the first time it is used (warning once, a few minutes) and persists it;
+    importing this module installs it as the chooser's first-use hook.
 
 Each candidate is timed with triton.testing.do_bench and must reproduce the
 default config's output; a candidate that fails to compile or launch (e.g.
 OutOfResources) or disagrees is skipped, so no tuning error reaches the caller.
+
+It launches kernels, so it sits above fa_amd.kernels (as bench and aot do); the
+kernels only read tables.
 """
 from __future__ import annotations
 
-import copy
 import datetime
-import functools
-import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
-from pathlib import Path
 from typing import Dict, List, Optional
 
-from .tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
+from .tuning import family_of, tuned_table
+from .tuning.tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
+from .tuning.tuned_table import (AUTOTUNE_ENV, OPTIONAL_KERNELS, ROW_KERNELS, _read_file, autotune_enabled,
+                                 merge_rows, save_tuned_rows, tuned_table_path)
 
-AUTOTUNE_ENV = "FA_AMD_AUTOTUNE"
-FILE_FORMAT = 1
-ROW_KERNELS = ("fwd", "dkdv", "dq")  # every row has these
-# optional per row (falls back to "dkdv"): dK/dV kernel that also accumulates dQ
-# with atomics, used by the non-deterministic backward
-OPTIONAL_KERNELS = ("dkdv_atomic",)
-
-
-def tuned_table_path() -> Path:
-    return Path(_current_table_path())
-
-
-def _current_table_path() -> str:
-    return _tuned_table_path(os.environ.get("FA_AMD_CACHE_DIR"), os.environ.get("HOME"))
-
-
-@functools.lru_cache(maxsize=8)
-def _tuned_table_path(cache_dir: Optional[str], _home: Optional[str]) -> str:
-    # keyed on the two variables it depends on: every launch asks (via get_config),
-    # and building the path with pathlib/expanduser cost more than the launch's own Python
-    root = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "fa_amd")
-    return os.path.join(root, "tuned_table.json")
-
-
-def autotune_enabled() -> bool:
-    return os.environ.get(AUTOTUNE_ENV, "0") not in ("", "0", "false", "False")
-
-
-# --------------------------------------------------------------------------- reading / writing
-
-# While the tuner times a candidate it installs that candidate here, so the
-# ordinary launchers (and get_config) run it unchanged.
-_candidate_override: Optional[Dict[str, list]] = None
-
-
-def _valid_launch(cfg) -> bool:
-    return (isinstance(cfg, dict) and isinstance(cfg.get("BLOCK_M"), int) and isinstance(cfg.get("BLOCK_N"), int)
-            and all(isinstance(v, (int, dict)) for v in cfg.values()))
-
-
-def _valid_row(row) -> bool:
-    return (isinstance(row, dict) and isinstance(row.get("head_dim"), int)
-            and all(_valid_launch(row.get(k)) for k in ROW_KERNELS)
-            and all(_valid_launch(row[k]) for k in OPTIONAL_KERNELS if k in row))
-
-
-def _read_file(path: Path) -> Dict[str, List[dict]]:
-    """{family: [tuned rows]} from disk; a missing file is empty, a broken one is ignored with a warning."""
-    if not path.exists():
-        return {}
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        families = data["families"] if "families" in data else data
-        good = {fam: [r for r in rows if _valid_row(r)] for fam, rows in families.items() if isinstance(rows, list)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        warnings.warn(f"fa_amd: ignoring unreadable tuned table {path} ({exc}); using default configs")
-        return {}
-    return {fam: rows for fam, rows in good.items() if rows}
-
-
-def merge_rows(default_rows: List[dict], tuned_rows: List[dict]) -> List[dict]:
-    """Default rows with each tuned row replacing the default row of its head_dim, sorted by head_dim."""
-    by_dim = {r["head_dim"]: r for r in default_rows}
-    by_dim.update({r["head_dim"]: r for r in tuned_rows})
-    return [by_dim[d] for d in sorted(by_dim)]
-
-
-@functools.lru_cache(maxsize=None)
-def _load_from_disk(path: str) -> Dict[str, List[dict]]:
-    tuned = _read_file(Path(path))
-    return {fam: merge_rows(TABLES.get(fam, []), rows) for fam, rows in tuned.items()}
-
-
-def load_tuned_table() -> dict:
-    """{family: rows} for every family with tuned rows on disk (merged over the defaults)."""
-    if _candidate_override is not None:
-        return _candidate_override
-    return _load_from_disk(_current_table_path())
-
-
-def invalidate_cache():
-    from . import _RESOLVED
-
-    _load_from_disk.cache_clear()
-    _RESOLVED.clear()
-
-
-def save_tuned_rows(family: str, rows: List[dict], path: Optional[Path] = None) -> Path:
-    """Merge `rows` into the family's entry on disk (atomic replace) and drop the read cache."""
-    path = Path(path) if path is not None else tuned_table_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existing = _read_file(path)
-    existing[family] = merge_rows(existing.get(family, []), rows)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuned_table.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"format": FILE_FORMAT, "families": existing}, f, indent=1)
-    os.replace(tmp, path)  # readers in other processes see the old or the new file, never half of one
-    invalidate_cache()
-    return path
+__all__ = ["AUTOTUNE_ENV", "OPTIONAL_KERNELS", "ROW_KERNELS", "candidates", "ensure_tuned", "max_candidates",
+           "tune_head_dim", "tuned_table_path", "save_tuned_rows"]
 
 
 # --------------------------------------------------------------------------- candidates
@@ -234,14 +133,14 @@ class _Problem:
         self.seqlen = seqlen
 
     def forward(self):
-        from ..kernels.attention import attention_forward
+        from .kernels.forward import attention_forward
 
         out, lse, _ = attention_forward(self.q, self.k, self.v, None, None, self.seqlen, self.seqlen, 0.0,
                                         self.scale, -1, 0 if self.causal else -1, 0.0, None, None, False)
         return out, lse
 
     def backward(self, out, lse, deterministic=True):
-        from ..kernels.attention import attention_backward
+        from .kernels.backward import attention_backward
 
         extra = {} if deterministic else {"deterministic": False}
         return attention_backward(self.do, self.q, self.k, self.v, out, lse, None, None, self.seqlen,
@@ -252,7 +151,7 @@ class _Problem:
 def _has_atomic_backward() -> bool:
     import inspect
 
-    from ..kernels.attention import attention_backward
+    from .kernels.backward import attention_backward
 
     return "deterministic" in inspect.signature(attention_backward).parameters
 
@@ -272,11 +171,9 @@ def _time_candidate(fn, check, reps_ms: int) -> Optional[float]:
 def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool = False, dtype=None,
                   rep_ms: int = 50, log=None) -> dict:
     """Tune the (fwd, dkdv, dq) row for one head-dim class on the current GPU; returns the row."""
-    global _candidate_override
     import torch
     import triton
 
-    from . import family_of
 
     log = log or (lambda msg: None)
     family = family_of(arch)
@@ -289,8 +186,7 @@ def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool =
     timings = {}
 
     def install(row):
-        global _candidate_override
-        _candidate_override = {family: merge_rows(default_rows, [row])}
+        tuned_table._candidate_override = {family: merge_rows(default_rows, [row])}
 
     try:
         base = {"head_dim": head_dim_padded, **{k: _strip_for(arch, default_row[k]) for k in ROW_KERNELS}}
@@ -322,7 +218,7 @@ def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool =
             timings[kernel] = {"best_ms": round(ms, 4),
                                "default_ms": round(next((m for m, c in results if c == base[kernel]), float("nan")), 4)}
     finally:
-        _candidate_override = None
+        tuned_table._candidate_override = None
     best["tuned"] = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
                      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                      "problem": {"seqlen": seqlen, "batch": problem.batch, "heads": problem.heads,
@@ -350,9 +246,8 @@ def ensure_tuned(arch, head_dim_padded: int) -> None:
     Cheap after the first call per (family, class).  Never raises: a failed
     tuning run warns and leaves the default configs in place.
     """
-    if not autotune_enabled() or arch.backend not in ("hip", "cuda") or _candidate_override is not None:
+    if not autotune_enabled() or arch.backend not in ("hip", "cuda") or tuned_table._candidate_override is not None:
         return
-    from . import family_of
 
     family = family_of(arch)
     rows = TABLES[family]
@@ -392,6 +287,5 @@ def ensure_tuned(arch, head_dim_padded: int) -> None:
                           f"{exc}); using default configs")
 
 
-def tuned_copy() -> Dict[str, List[dict]]:
-    """Deep copy of what is on disk (for `fa-amd info`)."""
-    return copy.deepcopy(_read_file(tuned_table_path()))
+# the chooser asks this before each GPU lookup (a no-op unless FA_AMD_AUTOTUNE=1)
+tuned_table.first_use_hook = ensure_tuned

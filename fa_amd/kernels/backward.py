@@ -1,0 +1,567 @@
+"""FlashAttention-2 backward in Triton, then the plain launcher `attention_backward`.
+
+One dK/dV program per key block (and KV head, or slice of its query-head group).
+dQ comes from dQ programs that recompute S and dP -- in the same launch as the
+dK/dV programs (FUSED_DQ, where the tables fuse) or in a second kernel -- with no
+atomics anywhere (bitwise reproducible), or, where the arch's table prefers it for
+deterministic=False, is accumulated with fp32 atomics in the dK/dV programs
+(backward_dq_mode).  When a whole-group dK/dV program would leave a long tail
+(causal GQA), each program takes one query head and the slices are summed
+afterwards: fp32 partials in a fixed order (deterministic), or fp32 atomics where
+deterministic=False allows them.  Query blocks are visited in the three ranges of
+fa_amd/kernels/blocks.py.
+
+RELOAD_CHUNK (see forward.py): N > 0 reloads every d-wide operand (dK/dV: k, v;
+dQ: q, dO) next to the dot that needs it and reduces S and dP N head-dim columns at
+a time; 0 keeps them in registers.  With RELOAD_CHUNK=0 every op is built in the
+same order as before the switch existed, so the code generated for the other
+targets is unchanged (compared asm for sm90 and gfx942).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import arch_for, num_sms
+from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq
+from ..tuning import tables
+from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges
+from .launch import cdiv, grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, \
+    row_strides, score_args, shape_info
+from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+
+
+@triton.jit
+def bwd_preprocess_kernel(
+    Out, DO, Delta, cu_seqlens_q, seqlen_q,
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    stride_lb, stride_lh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < q_len)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
+                    Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                    start, end, cols, offs_m, offs_d, diag, q_len, k_len,
+                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, sm_scale,
+                    seed, seed_offset, bh, keep_threshold, keep_scale,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + offs_m
+        if RELOAD_CHUNK:
+            # every d-wide operand comes from memory next to the dot that needs it
+            Q_rows = Q_head + rows[:, None] * stride_qm
+            DO_rows = DO_head + rows[:, None] * stride_dom
+            kv_live = cols[:, None] < in_loop(k_len, start_m, end)
+            if MASK:
+                q_row_ok = rows[:, None] < q_len
+                lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
+                delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
+            else:
+                q_row_ok = rows[:, None] >= 0  # every row is in range
+                lse = tl.load(Lse_head + rows)
+                delta = tl.load(Delta_head + rows)
+            sT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), k_rows, kv_live, Q_rows, q_row_ok,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
+            do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
+            if MASK:
+                qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+                do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                # rows past the end get lse=+inf, hence p=0: they add nothing
+                lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
+                delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
+            else:
+                if D_PAD != HEAD_DIM:
+                    qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                    do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                else:
+                    qT = tl.load(qT_ptrs)
+                    do = tl.load(do_ptrs)
+                lse = tl.load(Lse_head + rows)
+                delta = tl.load(Delta_head + rows)
+            sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
+        sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
+                            softcap_log2, slope_log2, win_left, win_right,
+                            MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        pT = tl.exp2(sT - (lse * LOG2E)[None, :])
+        if RELOAD_CHUNK:
+            dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows, q_row_ok,
+                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+        else:
+            dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
+            dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            dpT = tl.where(keep, dpT * keep_scale, 0.0)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        if IS_SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
+        if RELOAD_CHUNK:
+            q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        else:
+            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ:
+            # non-deterministic fast path: dQ from the same dS tile, summed with
+            # fp32 atomics instead of a second pass that recomputes S and dP
+            if RELOAD_CHUNK:
+                k_op = tl.load(k_rows + offs_d[None, :], mask=kv_live & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            else:
+                k_op = k
+            dq = tl.dot(tl.trans(dsT.to(k_op.dtype)), k_op, input_precision=INPUT_PRECISION) * sm_scale
+            dq_ptrs = DQ_head + rows[:, None] * stride_dqm + offs_d[None, :]
+            if MASK:
+                tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    # program axis 1 = KV heads x group slices: this program sums query heads
+    # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
+    # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
+    pid_h = tl.program_id(1)
+    hk = pid_h * heads_per_prog // GROUP
+    b = tl.program_id(2)
+    if FUSED_DQ:
+        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
+        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
+        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
+        n_kv_programs = tl.cdiv(seqlen_k, BLOCK_N)
+        if pid_n >= n_kv_programs:
+            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
+            j = pid_n - n_kv_programs
+            g = j // n_q_blocks
+            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
+                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
+                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
+                        RELOAD_CHUNK)
+            return
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    diag = k_len - q_len
+    b64 = b.to(tl.int64)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    kv_mask = (cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
+    if RELOAD_CHUNK:
+        k = 0.0  # streamed from memory per query block by _bwd_dkdv_inner
+        v = 0.0
+        k_rows = (K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                  + cols[:, None] * stride_kn)
+        v_rows = (V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                  + cols[:, None] * stride_vn)
+    else:
+        k = tl.load(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                    + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                    + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k_rows = K  # unused
+        v_rows = V  # unused
+    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
+    lo, full_lo, full_hi, hi = query_ranges(n0, q_len, k_len, diag, win_left, win_right,
+                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    num_heads = tl.num_programs(1) * heads_per_prog
+    # GQA: this KV head's gradient is the sum over its query heads, done here
+    # in registers (no atomics -> deterministic).
+    for g in range(heads_per_prog):
+        h = pid_h * heads_per_prog + g
+        slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+        bh = b * num_heads + h
+        Q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+        DO_head = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+        Lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+        if HAS_RIGHT:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                     lo, full_lo, cols, offs_m, offs_d, diag, q_len, k_len,
+                                     qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                     sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+                                     HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                 full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                 full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+    dk = dk * sm_scale
+    if ATOMIC_DKDV:
+        # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
+        tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+                      + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
+        tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+                      + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
+    else:
+        tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
+                 + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
+                 + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn,
+                  start, end,
+                  offs_m, offs_n, offs_d, diag, k_len,
+                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                  seed, seed_offset, bh, keep_threshold, keep_scale,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  RELOAD_CHUNK: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if RELOAD_CHUNK:
+            # every d-wide operand comes from memory next to the dot that needs it
+            q_live = offs_m[:, None] < in_loop(q_len, start_n, end)
+            K_rows = K_head + cols[:, None] * stride_kn
+            k_row_ok = cols[:, None] < k_len
+            s = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows, q_live, K_rows, k_row_ok,
+                             HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            k_ptrs = K_head + cols[:, None] * stride_kn + offs_d[None, :]
+            vT_ptrs = V_head + cols[None, :] * stride_vn + offs_d[:, None]
+            if MASK:
+                k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                vT = tl.load(vT_ptrs)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        s, t = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        p = tl.exp2(s - lse_log2[:, None])
+        if RELOAD_CHUNK:
+            dp = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), do_rows, q_live,
+                              V_head + cols[:, None] * stride_vn, k_row_ok,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        if IS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        if RELOAD_CHUNK:
+            k = tl.load(K_rows + offs_d[None, :], mask=k_row_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _dq_program(
+    Q, K, V, DO, Lse, Delta, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP, pid_m, h, b, num_heads, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+):
+    """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees."""
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    row_mask = offs_m < q_len
+    qd_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed from memory per key block by _bwd_dq_inner
+        do = 0.0
+        q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm)
+        do_rows = (DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom)
+    else:
+        q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
+        do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                     + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+        q_rows = Q  # unused
+        do_rows = DO  # unused
+    lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+    lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
+    bh = b * num_heads + h
+
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+                           offs_m, offs_n, offs_d, diag, k_len,
+                           qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                           seed, seed_offset, bh, keep_threshold, keep_scale,
+                           HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                           HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                       offs_m, offs_n, offs_d, diag, k_len,
+                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                       seed, seed_offset, bh, keep_threshold, keep_scale,
+                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                       offs_m, offs_n, offs_d, diag, k_len,
+                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                       seed, seed_offset, bh, keep_threshold, keep_scale,
+                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+):
+    # heavier (later) query blocks first: better tail balance under causal masks
+    _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+                stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
+                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+
+
+# --------------------------------------------------------------------------- launcher
+
+# None: split GQA groups in the dK/dV kernel when the GPU would be under-filled
+# (dkdv_heads_per_program); tests set an int to force a split.
+DKDV_HEADS_PER_PROGRAM = None
+# None: the backward's dQ strategy follows the tables (backward_dq_mode); tests set
+# "atomic" | "fused" | "separate" to run one path on any arch.
+BWD_DQ_MODE = None
+
+
+def dkdv_heads_per_program(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                           block_m: int, block_n: int, sms: int, fused_dq: bool) -> int:
+    """Query heads one dK/dV program sums over: the whole GQA group (no extra memory) unless that
+    program would hold more than tables.DKDV_MAX_PROGRAM_SHARE of one SM's share of the launch's
+    work (a tail the rest of the GPU waits for); then one head per program (H100: splitting in
+    two was slower than either, docs/TUNING_NOTES.md v7).  Work is counted in (BLOCK_M x BLOCK_N)
+    tile pairs; dQ programs of a fused launch add 3/4 of the dK/dV work (3 matmuls per tile pair
+    instead of 4).  Split programs' dK/dV are summed afterwards (tables.GQA_SPLIT_SUM)."""
+    if group == 1:  # MHA: nothing to split (also under a test's forced split)
+        return 1
+    if DKDV_HEADS_PER_PROGRAM is not None:
+        return DKDV_HEADS_PER_PROGRAM
+    rows = cdiv(seqlen_q, block_m)  # query blocks the longest program visits, per head
+    pairs_per_head = rows * cdiv(seqlen_k, block_n) * (0.5 if causal else 1.0)
+    work = pairs_per_head * group * kv_heads * batch * (1.75 if fused_dq else 1.0)
+    return group if group * rows <= tables.DKDV_MAX_PROGRAM_SHARE * work / sms else 1
+
+
+def backward_dq_mode(family: str, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
+    """How the backward computes dQ: "atomic" (fp32 atomics from the dK/dV programs; only when
+    deterministic=False and the arch's table says so, tables.NONDETERMINISTIC_DQ), else by dQ
+    programs that recompute S and dP: "fused" into the dK/dV launch when both kernels' launch
+    options (warps, stages, HIP options, kernel switches) agree, "separate" (a second launch) when not."""
+    if BWD_DQ_MODE is not None:
+        return "separate" if deterministic and BWD_DQ_MODE == "atomic" else BWD_DQ_MODE
+    if not deterministic and nondeterministic_dq(family) == "atomic":
+        return "atomic"
+    return "fused" if bwd_fusable(family, dkdv_cfg, dq_cfg) else "separate"
+
+
+def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                       deterministic=True):
+    """Returns (dq, dk, dv) with the shapes of q, k, v.
+
+    deterministic=True: no atomics anywhere (bitwise reproducible); dQ from dQ programs, fused into
+    the dK/dV launch or in a second kernel (backward_dq_mode).
+    deterministic=False: the tables may choose fp32 atomics for dQ (tables.NONDETERMINISTIC_DQ) and for
+    the sums of split GQA groups (tables.GQA_SPLIT_SUM).
+    """
+    varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    dq = new_output(q, q.shape)
+    dk = new_output(k, k.shape)
+    dv = new_output(v, v.shape)
+    if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if max_seqlen_q == 0:
+        dq.zero_()
+    d_pad = head_dim_padded(d)
+    scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
+                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    arch = arch_for(q)
+    family = family_of(arch)
+    cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    delta = new_output(lse, lse.shape)
+    common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    if max_seqlen_q > 0:
+        pre_block = 64 if d_pad <= 128 else 32
+        bwd_preprocess_kernel[(cdiv(max_seqlen_q, pre_block), hq, batch)](
+            out, dout, delta, cu_q, seqlen_q,
+            *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen),
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
+        )
+    strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
+                  *row_strides(dout, varlen))
+    mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
+    if max_seqlen_q == 0 or max_seqlen_k == 0:
+        mode = "separate"  # one side is empty: nothing to fuse, no dQ to add up
+    atomic_dq = mode == "atomic"
+    fused = mode == "fused"
+    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
+    if max_seqlen_k > 0:
+        dkdv_cfg = cfgs["dkdv_atomic" if atomic_dq else "dkdv"]
+        group = hq // hk
+        dq_blocks = cdiv(max_seqlen_q, cfgs["dq"]["BLOCK_M"]) if fused else 0
+        per_program = dkdv_heads_per_program(
+            group, hk, batch, max_seqlen_q, max_seqlen_k, flags["HAS_RIGHT"], dkdv_cfg["BLOCK_M"],
+            dkdv_cfg["BLOCK_N"], num_sms(q), fused)
+        split = per_program < group
+        split_sum = gqa_split_sum(family)  # validated on every call, split or not
+        atomic_dkdv = split and not deterministic and split_sum == "atomic"
+        if atomic_dkdv:
+            # every slice of a group adds into its KV head: (.., hk, d) in fp32, from zero
+            dk_out = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
+            dv_out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+        elif split:
+            # partial sums per slice of the group, (.., hk * slices, d) in fp32
+            part_shape = (*k.shape[:-2], hq // per_program, d)
+            dk_out, dv_out = new_output(k, part_shape, torch.float32), new_output(v, part_shape, torch.float32)
+        else:
+            dk_out, dv_out = dk, dv
+        # fused: each axis-1 slot also runs dQ programs for its per_program query heads
+        dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
+            dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
+
+        def grid0(cfg):
+            return cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
+
+        launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
+            q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
+            *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **common,
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles))
+        if atomic_dkdv:
+            dk.copy_(dk_out)
+            dv.copy_(dv_out)
+        elif split:
+            # query head h belongs to KV head h // group: slices of one KV head are adjacent
+            slices = group // per_program
+            dk.copy_(dk_out.unflatten(-2, (hk, slices)).sum(-2))
+            dv.copy_(dv_out.unflatten(-2, (hk, slices)).sum(-2))
+    if atomic_dq:
+        dq.copy_(dq_accum)
+    elif max_seqlen_q > 0 and not fused:
+        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+            q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
+    return dq, dk, dv

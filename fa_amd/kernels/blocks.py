@@ -1,0 +1,100 @@
+"""@triton.jit tile helpers shared by the forward, backward and decode kernels: which key
+(query) blocks a query (key) tile visits under causal / window masks, and the
+head-dim-chunked dot product of the register-light RELOAD_CHUNK kernels.
+
+Loops over key (or query) blocks are split in three ranges:
+  [lo, full_lo)      boundary blocks of the left window edge  -> element mask
+  [full_lo, full_hi) blocks every row sees completely          -> no mask
+  [full_hi, hi)      diagonal / right edge / ragged tail       -> element mask
+and blocks outside [lo, hi) are never touched.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key-block ranges (lo, full_lo, full_hi, hi) for query rows [m0, m0+BLOCK_M)."""
+    lo = m0 * 0
+    hi = k_len
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, m0 + BLOCK_M + diag + win_right)
+    if HAS_LEFT:
+        lo = tl.maximum(lo, m0 + diag - win_left) // BLOCK_N * BLOCK_N
+    full_lo = lo
+    if HAS_LEFT:
+        full_lo = (tl.maximum(full_lo, m0 + BLOCK_M - 1 + diag - win_left) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    # q is loaded (masked) once per program, so rows past the end only need
+    # the key tail masked
+    full_hi = k_len // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        full_hi = tl.minimum(full_hi, tl.maximum(m0 + diag + win_right + 1, 0) // BLOCK_N * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def query_ranges(n0, q_len, k_len, diag, win_left, win_right,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query-block ranges (lo, full_lo, full_hi, hi) that see keys [n0, n0+BLOCK_N)."""
+    lo = n0 * 0
+    hi = q_len
+    if HAS_RIGHT:
+        lo = tl.maximum(lo, n0 - diag - win_right) // BLOCK_M * BLOCK_M
+    if HAS_LEFT:
+        hi = tl.minimum(hi, n0 + BLOCK_N - diag + win_left)
+    full_lo = lo
+    if HAS_RIGHT:
+        full_lo = (tl.maximum(full_lo, n0 + BLOCK_N - 1 - diag - win_right) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    # query rows are loaded per block here: the ragged row tail needs masked loads,
+    # and a ragged key block needs its dead columns masked out of every row
+    full_hi = q_len // BLOCK_M * BLOCK_M
+    if n0 + BLOCK_N > k_len:
+        full_hi = full_lo
+    if HAS_LEFT:
+        full_hi = tl.minimum(full_hi, tl.maximum(n0 - diag + win_left + 1, 0) // BLOCK_M * BLOCK_M)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def in_loop(n, it, end):
+    """n, tied to the loop iteration `it` (it < end inside the loop, so this is n): a load
+    masked with it is not loop-invariant, so loop-invariant code motion cannot hoist it
+    (and its register-hungry dot-operand copy) out of the loop (RELOAD_CHUNK)."""
+    return tl.minimum(n, n + (end - it))
+
+
+@triton.jit
+def dot_rows_nt(acc, A_rows, a_ok, B_rows, b_ok, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 D_CHUNK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc + A @ B^T for A, B row-major [rows, HEAD_DIM] in memory (A_rows / B_rows: [R, 1] row
+    pointers, a_ok / b_ok: [R, 1] row masks; masked rows read as 0), loaded D_CHUNK head-dim
+    columns at a time: only one slice of each operand is ever held in registers."""
+    CHUNK: tl.constexpr = min(D_CHUNK, D_PAD)
+    offs = tl.arange(0, CHUNK)
+    for c in tl.static_range(0, D_PAD, CHUNK):
+        col_ok = (c + offs[None, :]) < HEAD_DIM
+        a = tl.load(A_rows + (c + offs[None, :]), mask=a_ok & col_ok, other=0.0)
+        b = tl.load(B_rows + (c + offs[None, :]), mask=b_ok & col_ok, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def load_row_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
+    """A [rows, D_PAD] tile; rows at or past n_rows (with MASK) and padded head-dim columns read as 0."""
+    if MASK:
+        tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif D_PAD != HEAD_DIM:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile

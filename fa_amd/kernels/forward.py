@@ -1,0 +1,283 @@
+"""FlashAttention-2 forward in Triton (and the probability dump of return_attn_probs),
+then the plain launcher `attention_forward` (the torch.library ops in fa_amd/ops.py wrap it).
+
+One kernel serves dense and varlen (IS_VARLEN), MQA/GQA (query head h reads KV
+head h // GROUP; GROUP is a runtime int so GQA ratios share one compiled kernel),
+causal / sliding window / ALiBi / softcap / dropout.  Key blocks are visited in
+the three ranges of fa_amd/kernels/blocks.py.
+
+RELOAD_CHUNK (a constexpr, table data, fa_amd/tuning/tables.py): 0, the default on
+every target but RDNA, keeps q in registers across the key loop.  N > 0 reloads it
+from memory next to the dot that needs it (it stays hot in L1/L2) and computes
+S = QK^T N head-dim columns at a time (blocks.dot_rows_nt).  Why: RDNA3 WMMA
+replicates each dot operand across the two lane halves, so a 16-row slice of a
+d-wide operand costs d/2 of the 256 VGPRs of a wave32 lane, and the resident
+kernels spill at every tile size for d128 and d256 there (docs/AOT.md).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import arch_for
+from ..tuning import family_of, get_fwd_config, is_short
+from ..tuning import tables
+from .blocks import dot_rows_nt, in_loop, key_ranges
+from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
+    score_args, shape_info
+from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, start, end,
+               offs_m, offs_n, offs_d, diag, k_len,
+               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+               seed, seed_offset, bh, keep_threshold,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASK: tl.constexpr,
+               IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+               HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if RELOAD_CHUNK:
+            # q streamed in head-dim chunks with each key block
+            qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                              q_rows, offs_m[:, None] < in_loop(q_len, start_n, end),
+                              K_head + cols[:, None] * stride_kn, cols[:, None] < k_len,
+                              HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+        else:
+            kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
+            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            if MASK:
+                kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                kT = tl.load(kT_ptrs)
+            qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        if POSITIVE_SCALE and not MASK and not IS_SOFTCAP and not HAS_ALIBI:
+            # plain scores: the row max of the raw tile scaled once per row, and the exp2
+            # argument as one FMA per element (scale > 0 keeps the max where it was)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+            m_shift = m_new
+            p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+        else:
+            s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                              softcap_log2, slope_log2, win_left, win_right,
+                              MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if MASK:
+                # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_shift = m_new
+            p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            p = tl.where(keep, p, 0.0)
+        if MASK:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, Out, Lse,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    POSITIVE_SCALE: tl.constexpr,
+):
+    # heavier (later) query blocks first: better tail balance under causal masks
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+
+    q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed from memory per key block by _fwd_inner
+        q_rows = q_head + offs_m[:, None] * stride_qm
+    else:
+        q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        q_rows = q_head  # unused
+
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
+    bh = b * tl.num_programs(1) + h
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
+                                   offs_m, offs_n, offs_d, diag, k_len,
+                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                   seed, seed_offset, bh, keep_threshold,
+                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
+                               offs_m, offs_n, offs_d, diag, k_len,
+                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                               seed, seed_offset, bh, keep_threshold,
+                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
+                               offs_m, offs_n, offs_d, diag, k_len,
+                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                               seed, seed_offset, bh, keep_threshold,
+                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
+
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    if HAS_DROPOUT:
+        out = out * keep_scale
+    # flash-attn convention: a row that sees no key has output 0 and lse +inf
+    lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
+    o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
+    tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
+    lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
+    tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
+
+
+# --------------------------------------------------------------------------- probabilities (testing aid)
+
+@triton.jit
+def attn_probs_kernel(
+    Q, K, Lse, Probs,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_lb, stride_lh,
+    stride_pb, stride_ph, stride_pm,
+    Alibi, stride_ab, SeedState, keep_threshold,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+):
+    """S_dmask for return_attn_probs: softmax probabilities, negated where dropout dropped them."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    diag = k_len - q_len
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    row_mask = offs_m < q_len
+    if RELOAD_CHUNK:
+        q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm)
+    else:
+        q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    lse_log2 = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m,
+                       mask=row_mask, other=float("inf")) * LOG2E
+    K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
+    seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
+    bh = b * tl.num_programs(1) + h
+    P_head = Probs + b64 * stride_pb + h.to(tl.int64) * stride_ph
+    for start_n in range(0, k_len, BLOCK_N):
+        cols = start_n + offs_n
+        if RELOAD_CHUNK:
+            # q streamed in head-dim chunks with each key block, as in _fwd_inner
+            s = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
+                             offs_m[:, None] < in_loop(q_len, start_n, k_len), K_head + cols[:, None] * stride_kn,
+                             cols[:, None] < k_len, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            kT = tl.load(K_head + cols[None, :] * stride_kn + offs_d[:, None],
+                         mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            s = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        s, _ = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        p = tl.exp2(s - lse_log2[:, None])
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
+            p = tl.where(keep, p, -p)
+        tl.store(P_head + offs_m[:, None] * stride_pm + cols[None, :], p.to(Probs.dtype.element_ty),
+                 mask=row_mask[:, None] & (cols[None, :] < k_len))
+
+
+# --------------------------------------------------------------------------- launcher
+
+def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
+    """Returns (out, softmax_lse, probs); probs is empty unless return_probs."""
+    varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    out = new_output(q, q.shape)
+    lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
+    probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
+    probs = q.new_zeros(probs_shape)
+    if batch == 0 or max_seqlen_q == 0 or hq == 0:
+        return out, lse, probs
+    d_pad = head_dim_padded(d)
+    scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
+                                             window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
+    # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
+    arch = arch_for(q)
+    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k))
+    # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
+    raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
+    cu_q = cu_seqlens_q if varlen else q
+    cu_k = cu_seqlens_k if varlen else q
+    common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+        q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
+        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), *row_strides(out, varlen),
+        *lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common,
+                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max))
+    if return_probs:
+        scalars.pop("SeedState")
+        seed_state = rng_state if flags["HAS_DROPOUT"] else q
+        launch(attn_probs_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+            q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
+            *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
+            probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
+    return out, lse, probs

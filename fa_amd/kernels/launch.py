@@ -1,0 +1,174 @@
+"""Host-side launch plumbing shared by the attention launchers (forward.py, backward.py,
+decode.py): shapes and strides, output allocation, runtime scalars and feature flags,
+and `launch`, which shrinks a table config that does not fit the GPU instead of failing.
+"""
+import warnings
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+
+_LOG2E = 1.4426950408889634
+_DROPOUT_BITS = 24
+# Triton grids allow 65535 programs on axes 1 and 2 (heads, batch).
+MAX_GRID_YZ = 65535
+# Offsets inside one sequence are int32 in the kernels (row * row_stride + col),
+# which keeps the address math of the hot loops 32-bit; the per-sequence and
+# per-head bases are int64.  The entry points keep every tensor within this.
+MAX_ROW_OFFSET = 2 ** 31 - 1
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of Python ints (triton.cdiv is a constexpr-function object in recent
+    Triton, ~2 us a call: the launchers call this several times per step)."""
+    return -(-a // b)
+
+
+def row_offsets_fit(rows: int, row_stride: int, width: int) -> bool:
+    """Whether `rows` rows of `width` elements, `row_stride` apart, stay within int32 offsets."""
+    return rows <= 0 or (rows - 1) * row_stride + width - 1 <= MAX_ROW_OFFSET
+
+
+def with_int32_row_offsets(name: str, x: torch.Tensor, rows: int, varlen: bool) -> torch.Tensor:
+    """x, or a contiguous copy of it (with a warning) where its token stride would overflow int32 offsets
+    (e.g. a slice of a wide fused qkv tensor at a long sequence length)."""
+    row_stride = x.stride(0 if varlen else 1)
+    if row_offsets_fit(rows, row_stride, x.shape[-1]):
+        return x
+    warnings.warn(f"fa_amd: {name} has a token stride of {row_stride} elements, too large for the kernels' 32-bit "
+                  f"offsets over {rows} tokens; using a contiguous copy of {name} (extra memory and time).",
+                  stacklevel=3)
+    return x.contiguous()
+
+
+# Tests set this so every output starts as NaN: an element a kernel forgets to
+# write then fails the comparison instead of passing on leftover memory.
+POISON_OUTPUTS = False
+
+
+def new_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    out = like.new_empty(shape, dtype=dtype)
+    return out.fill_(float("nan")) if POISON_OUTPUTS else out
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1); plain int math (triton.next_power_of_2 is a
+    constexpr-function object in recent Triton, several microseconds a call)."""
+    return 1 << (n - 1).bit_length()
+
+
+def head_dim_padded(head_dim: int) -> int:
+    return max(16, next_power_of_2(head_dim))
+
+
+def row_strides(x: torch.Tensor, varlen: bool):
+    """(batch, token, head) strides; varlen tensors have no batch axis."""
+    s = x.stride()  # one call: the launchers ask for ~15 tensors' strides per forward+backward
+    return (0, s[0], s[1]) if varlen else s[:3]
+
+
+def lse_strides(lse: torch.Tensor, varlen: bool):
+    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+
+
+def _launch_options(cfg):
+    return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+
+
+# (kernel, table config, dtype, constexprs) -> the smaller config that fit this GPU
+_FITTED_CONFIGS = {}
+
+
+def _shrink(cfg):
+    """Next smaller config after an out-of-resources launch: fewer pipeline
+    stages first, then halve the larger tile (never below 16, tl.dot's minimum)."""
+    cfg = dict(cfg)
+    if cfg.get("num_stages", 1) > 1:
+        cfg["num_stages"] -= 1
+        return cfg
+    key = "BLOCK_N" if cfg["BLOCK_N"] >= cfg["BLOCK_M"] else "BLOCK_M"
+    if cfg[key] <= 16:
+        return None
+    cfg[key] //= 2
+    return cfg
+
+
+def grid_blocks(span, tile_key):
+    """Grid axis 0 that covers `span` in steps of the config's tile `tile_key`."""
+    return lambda cfg: cdiv(span, cfg[tile_key])
+
+
+def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
+    """Launch `kernel` with the tiles of `cfg`; grid axis 0 has grid0(cfg) programs.
+
+    A table entry that needs more shared memory or registers than this GPU has
+    (a smaller-LDS part, fp32 inputs) is shrunk with a warning, never turned
+    into a Triton error for the user; the fitted config is remembered."""
+    table_cfg = cfg
+
+    def variant():  # (kernel name, key of this table config's variant in _FITTED_CONFIGS)
+        name = getattr(getattr(kernel, "fn", None), "__name__", None) or str(kernel)
+        return name, (name, tuple(sorted(table_cfg.items())), str(args[0].dtype),
+                      tuple(sorted((k, v) for k, v in kwargs.items() if k.isupper())))
+
+    if _FITTED_CONFIGS:  # the key costs host time on every launch: only build it once something was shrunk
+        cfg = _FITTED_CONFIGS.get(variant()[1], cfg)
+    while True:
+        grid = (grid0(cfg),) + tuple(grid_tail)
+        try:
+            kernel[grid](*args, **kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg))
+            return cfg
+        except OutOfResources as err:
+            smaller = _shrink(cfg)
+            if smaller is None:
+                raise
+            name, key = variant()
+            warnings.warn(f"fa_amd: {name} with {cfg} does not fit this GPU ({err}); using {smaller}, "
+                          "which is slower. `fa-amd tune` finds the best config that fits.", stacklevel=3)
+            cfg = _FITTED_CONFIGS[key] = smaller
+
+
+def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
+                max_seqlen_q, max_seqlen_k):
+    """Runtime scalars + constexpr flags shared by every kernel launch."""
+    # windows wider than any sequence are no-ops: drop them so the kernel skips the masks
+    has_left = 0 <= window_left < max_seqlen_k - 1
+    # (rel = col - row - diag spans [-(seqlen_k-1), seqlen_q-1]; e.g. causal with one query row masks nothing)
+    has_right = 0 <= window_right < max_seqlen_q - 1
+    has_dropout = dropout_p > 0.0
+    scalars = dict(
+        Alibi=alibi_slopes if alibi_slopes is not None else q,
+        stride_ab=(alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0),
+        SeedState=rng_state if has_dropout else q,
+        keep_threshold=int(round(dropout_p * (1 << _DROPOUT_BITS))) if has_dropout else 0,
+        qk_scale_log2=softmax_scale * _LOG2E,
+        softcap_div=softmax_scale / softcap if softcap > 0 else 0.0,
+        softcap_log2=softcap * _LOG2E,
+        win_left=max(window_left, 0),
+        win_right=max(window_right, 0),
+    )
+    flags = dict(
+        IS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_DROPOUT=has_dropout,
+        INPUT_PRECISION="ieee",
+    )
+    keep_scale = 1.0 / (1.0 - dropout_p) if has_dropout else 1.0
+    return scalars, flags, keep_scale
+
+
+def kernel_args(hq, hk, d, d_pad, varlen, flags):
+    """GQA ratio, head dims, layout and feature flags: shared by every attention launch."""
+    return dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+
+
+def shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        _, nheads_q, head_dim = q.shape
+        nheads_k = k.shape[1]
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+    else:
+        batch, seqlen_q, nheads_q, head_dim = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    return varlen, batch, nheads_q, nheads_k, head_dim, seqlen_q, seqlen_k
