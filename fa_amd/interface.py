@@ -242,14 +242,20 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None):
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
 
     Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
-    (nheads, total_q). Paged KV (`block_table`) is not supported and raises.
+    (nheads, total_q).  Paged KV (flash-attn >= 2.6): with block_table (batch, max_num_blocks_per_seq)
+    int32, k and v are (num_blocks, page_block_size, nheads_k, headdim) pages (page_block_size any
+    multiple of 16) and sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of
+    its pages.  seqused_k (batch,) int32: only the first seqused_k[b] keys of sequence b are used.
+    Both are forward-only (as in flash-attn) and run the split-KV decode kernel (fa_amd.kvcache).
     """
-    if block_table is not None:
-        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
+    if block_table is not None or seqused_k is not None:
+        return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                       block_table, seqused_k)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
@@ -294,3 +300,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
+
+
+# Decode side (flash_attn_with_kvcache, paged varlen): fa_amd/kvcache.py, which reuses the checks above,
+# so it is imported last (its import of this module finds every name already defined).
+from .kvcache import flash_attn_varlen_paged, flash_attn_with_kvcache  # noqa: E402

@@ -139,3 +139,44 @@ def gqa_split_sum(family: str) -> str:
     """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed,
     on this arch family (tables.GQA_SPLIT_SUM)."""
     return _family_choice("GQA_SPLIT_SUM", family, "partials", ("partials", "atomic"))
+
+
+# --------------------------------------------------------------------------- decode
+
+DECODE_KERNELS = ("decode", "append", "merge")
+_DECODE_RESOLVED: Dict[tuple, Dict] = {}
+
+
+def _decode_family(arch: Arch) -> str:
+    family = family_of(arch)
+    return family if family in tables.DECODE_TABLES else ("gfx90a" if arch.backend == "hip" else "sm80")
+
+
+def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False) -> Dict[str, Dict]:
+    """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
+    the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
+    KV head) and "fp32" override applied; AMD-only options dropped off HIP.  Memoized (hot path)."""
+    key = (arch, head_dim_padded, bool(is_fp32), bool(wide))
+    hit = _DECODE_RESOLVED.get(key)
+    if hit is not None:
+        return hit
+    rows = tables.DECODE_TABLES[_decode_family(arch)]
+    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    out = {}
+    for kernel in DECODE_KERNELS:
+        entry = row[kernel]
+        cfg = {k: v for k, v in entry.items() if k not in ("wide", "fp32")}
+        for name, wanted in (("wide", wide), ("fp32", is_fp32)):
+            if wanted and entry.get(name):
+                cfg.update(entry[name])
+        if arch.backend != "hip":
+            for opt in HIP_ONLY_OPTIONS:
+                cfg.pop(opt, None)
+        out[kernel] = cfg
+    _DECODE_RESOLVED[key] = out
+    return out
+
+
+def get_decode_split_policy(arch: Arch) -> Dict:
+    """The split-count rule's parameters for this arch family (tables.DECODE_SPLITS)."""
+    return tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])

@@ -271,3 +271,74 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   N columns at a time (fa_amd/kernels/forward.py, backward.py) -- for register-bound RDNA.
 KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
 
+
+# --------------------------------------------------------------------------- decode (kernels/decode.py)
+# Launch dicts of the decode kernels per family, rows by padded head dim as in TABLES:
+#   "decode": the split-KV attention kernel.  BLOCK_M = query rows per tile, a row being one
+#             (query token, head of the KV group) pair, at least 16 (tl.dot's minimum); BLOCK_N =
+#             keys per loop iteration.  Its "wide" override applies when one KV head has more than
+#             DECODE_WIDE_ROWS rows (seqlen_q x GQA group: chunked prefill or paged prefill on a
+#             cache), where taller tiles read each K/V block for more rows; "fp32" for fp32 inputs.
+#   "append": the in-place cache write of new k/v (+ rotary); BLOCK_M = new tokens per program.
+#   "merge": the log-sum-exp merge of the key splits; BLOCK_M = (token, head) rows per program.
+# Starting points, not yet timed on a GPU (.ci/decode_ab.py times the candidates); the AMD rows
+# compile with zero scratch for their targets (checked with the AOT compiler, docs/AOT.md).
+DECODE_WIDE_ROWS = 16
+_DECODE_TAIL = {"append": {"BLOCK_M": 16, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}
+_DECODE_FP32 = {"BLOCK_N": 32, "num_stages": 1}
+
+
+def _decode_rows(decode64, decode128, decode256, wide, hip=None):
+    """The three head-dim rows of a family: the "decode" entries given, the shared append / merge ones."""
+    hip = hip or {}
+    rows = []
+    for d, entry in ((64, decode64), (128, decode128), (256, decode256)):
+        decode = dict(entry, **hip)
+        decode["wide"] = dict(wide.get(d, {}))
+        decode["fp32"] = dict(_DECODE_FP32)
+        rows.append({"head_dim": d, "decode": decode,
+                     "append": dict(_DECODE_TAIL["append"], **hip), "merge": dict(_DECODE_TAIL["merge"], **hip)})
+    return rows
+
+
+_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64}, 256: {"BLOCK_M": 32, "BLOCK_N": 32}}
+_CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+DECODE_TABLES = {
+    # interpreter: tiny tiles, so CPU tests cross key blocks and pages on short caches
+    "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
+                                          "wide": {"BLOCK_M": 32}},
+             "append": {"BLOCK_M": 8, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}],
+    "sm90": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
+                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, _WIDE),
+    "sm80": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, _WIDE),
+    "gfx942": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE,
+                           dict(_CDNA, kpack=2)),
+    "gfx950": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    "gfx90a": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                            {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE,
+                            {"waves_per_eu": 0}),
+}
+
+# How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
+# wave-efficiency rule): no split once the (batch x KV heads x row tiles) programs reach
+# `full_fraction` of `programs_per_sm` x the GPU's SM/CU count; otherwise the fewest splits whose
+# last wave is at least `efficiency` of the best one, at most `max_splits`, each holding at least
+# `min_blocks_per_split` key blocks (the merge reads every split's partial output back).
+DECODE_SPLITS = {
+    "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
+                "min_blocks_per_split": 2},
+}
