@@ -90,6 +90,21 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
               num_splits)
 
 
+def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
+                      cache_seqlens=None, block_table=None):
+    """flash_attn_with_kvcache's append + attention for a caller that vouches for its arguments and
+    whose device values may be out of range on purpose: Transformers' continuous batching pads a batch
+    with sequences of cache_seqlens -1 and block-table entries -1, which the kernels clamp (reads) or
+    drop (writes).  No host-side checks, no sync.  Returns out."""
+    if k is not None:
+        append = _append_op if torch.compiler.is_compiling() else _append
+        append(k, v, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, False)
+    out, _ = decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap,
+                              cache_seqlens=cache_seqlens, seqlen_new=0 if k is None else k.shape[1],
+                              block_table=block_table)
+    return out
+
+
 # --------------------------------------------------------------------------- checks
 
 def _check_values_now(t: torch.Tensor) -> bool:
@@ -174,11 +189,11 @@ def _check_runtime(q):
 def _check_block_table(block_table, batch: int, k_cache, q):
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
-    if block_table.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"block_table must be an int32 tensor, got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must have shape (batch={batch}, max_num_blocks_per_seq), got "
                          f"{tuple(block_table.shape)}")
+    if block_table.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"block_table must be an int32 tensor, got {block_table.dtype}")
     _check_device("block_table", block_table, q)
     page_size = k_cache.shape[1]
     if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
