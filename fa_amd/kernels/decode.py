@@ -22,6 +22,8 @@ cache_batch_idx, block_table entries, cu_seqlens, rotary positions) is clamped i
 before it addresses memory, and an append whose target slot is outside the cache (or whose page
 or cache row is out of range) is dropped instead of written.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -403,6 +405,13 @@ _MAX_GRID_YZ = 65535
 def decode_num_splits(programs: int, key_blocks: int, sms: int, policy, requested: int = 0) -> int:
     """Key splits per (KV head, row tile, sequence): `requested` when > 0 (at most one per key block),
     else flash-attn 2's wave-efficiency rule with the family's tables.DECODE_SPLITS parameters."""
+    return _num_splits(programs, key_blocks, sms, tuple(sorted(policy.items())), requested)
+
+
+@functools.lru_cache(maxsize=1024)
+def _num_splits(programs: int, key_blocks: int, sms: int, policy_items: tuple, requested: int) -> int:
+    # memoized: the rule loops over every split count, and decode launches are host-bound
+    policy = dict(policy_items)
     key_blocks = max(1, key_blocks)
     if requested > 0:
         return max(1, min(requested, key_blocks, _MAX_GRID_YZ))

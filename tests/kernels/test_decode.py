@@ -242,44 +242,48 @@ def test_torch_compile_traces_the_custom_ops(device):
 
 # --------------------------------------------------------------------------- bad input
 
-def _base(device):
-    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
-    return q, k_cache, v_cache, k, v, kw
+def _i32(device, *values):
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 @pytest.mark.parametrize("mutate,match", [
-    (lambda a: a.update(k=torch.zeros(2, 40, 2, 64, dtype=torch.float16), v=torch.zeros(2, 40, 2, 64,
-                                                                                       dtype=torch.float16)),
-     "too small for the append"),
-    (lambda a: a.update(cache_seqlens=32), "does not fit"),
-    (lambda a: a.update(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32)), "too small for the append"),
-    (lambda a: a.update(k=None, v=None, cache_seqlens=torch.tensor([3, 33], dtype=torch.int32)), "cache_seqlens"),
-    (lambda a: a.update(cache_seqlens=torch.tensor([3, -1], dtype=torch.int32)), "cache_seqlens"),
-    (lambda a: a.update(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32)), "cache_batch_idx"),
-    (lambda a: a.update(cache_batch_idx=torch.tensor([0, 1], dtype=torch.float32)), "cache_batch_idx"),
-    (lambda a: a.update(cache_leftpad=torch.tensor([0, 40], dtype=torch.int32)), "cache_leftpad"),
-    (lambda a: a.update(rotary_cos=torch.ones(32, 40), rotary_sin=torch.ones(32, 40)), "rotary dim"),
-    (lambda a: a.update(rotary_cos=torch.ones(32, 16)), "together"),
-    (lambda a: a.update(rotary_cos=torch.ones(8, 16), rotary_sin=torch.ones(8, 16)), "cover"),
-    (lambda a: a.update(v=None), "together"),
-    (lambda a: a.update(cache_seqlens=None), "cache_seqlens is required"),
-    (lambda a: a.update(k=a["k"].float()), "dtype"),
-    (lambda a: a.update(q=a["q"][..., :32]), "head dim"),
-    (lambda a: a.update(q=torch.zeros(2, 1, 3, 64, dtype=torch.float16)), "multiple"),
-    (lambda a: a.update(num_splits=-1), "num_splits"),
-    (lambda a: a.update(window_size=(1,)), "window_size"),
-    (lambda a: a.update(k_cache=a["k_cache"].transpose(-1, -2).contiguous().transpose(-1, -2)), "k_cache must be contiguous"),
+    (lambda a, dev: a.update(k=torch.zeros(2, 40, 2, 64, dtype=torch.float16, device=dev),
+                             v=torch.zeros(2, 40, 2, 64, dtype=torch.float16, device=dev)), "too small for the append"),
+    (lambda a, dev: a.update(cache_seqlens=32), "does not fit"),
+    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, 32)), "too small for the append"),
+    (lambda a, dev: a.update(k=None, v=None, cache_seqlens=_i32(dev, 3, 33)), "cache_seqlens"),
+    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, -1)), "cache_seqlens"),
+    (lambda a, dev: a.update(cache_batch_idx=_i32(dev, 0, 2)), "cache_batch_idx"),
+    (lambda a, dev: a.update(cache_batch_idx=torch.tensor([0, 1], dtype=torch.float32, device=dev)),
+     "cache_batch_idx"),
+    (lambda a, dev: a.update(cache_leftpad=_i32(dev, 0, 40)), "cache_leftpad"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(32, 40, device=dev), rotary_sin=torch.ones(32, 40, device=dev)),
+     "rotary dim"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(32, 16, device=dev)), "together"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(8, 16, device=dev), rotary_sin=torch.ones(8, 16, device=dev)),
+     "cover"),
+    (lambda a, dev: a.update(v=None), "together"),
+    (lambda a, dev: a.update(cache_seqlens=None), "cache_seqlens is required"),
+    (lambda a, dev: a.update(k=a["k"].float()), "dtype"),
+    (lambda a, dev: a.update(q=a["q"][..., :32]), "head dim"),
+    (lambda a, dev: a.update(q=torch.zeros(2, 1, 3, 64, dtype=torch.float16, device=dev)), "multiple"),
+    (lambda a, dev: a.update(num_splits=-1), "num_splits"),
+    (lambda a, dev: a.update(window_size=(1,)), "window_size"),
+    (lambda a, dev: a.update(k_cache=a["k_cache"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+     "k_cache must be contiguous"),
 ])
-def test_bad_kvcache_arguments_name_the_argument(mutate, match):
-    q, k_cache, v_cache, k, v, kw = _base("cpu")
+def test_bad_kvcache_arguments_name_the_argument(device, monkeypatch, mutate, match):
+    monkeypatch.setenv(kvcache.CHECK_KVCACHE_ENV, "1")  # device values too, on a GPU (opt-in there)
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, **kw)
-    mutate(args)
+    mutate(args, device)
     with pytest.raises((ValueError, TypeError), match=match):
         fa_amd.flash_attn_with_kvcache(**args)
 
 
-def test_bad_paged_arguments_name_the_argument():
-    q, k_cache, v_cache, k, v, kw, _ = make_case("cpu", page=16, cache=32, new=1)
+def test_bad_paged_arguments_name_the_argument(device, monkeypatch):
+    monkeypatch.setenv(kvcache.CHECK_KVCACHE_ENV, "1")
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, page=16, cache=32, new=1)
     table = kw.pop("block_table")
     with pytest.raises(ValueError, match="multiple of 16"):
         fa_amd.flash_attn_with_kvcache(q, k_cache[:, :8], v_cache[:, :8], k, v, block_table=table, **kw)
@@ -288,30 +292,29 @@ def test_bad_paged_arguments_name_the_argument():
     with pytest.raises(ValueError, match="block_table entries"):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=bad, **kw)
     with pytest.raises(ValueError, match="cache_batch_idx cannot be combined with block_table"):
-        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table,
-                                       cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32), **kw)
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table, cache_batch_idx=_i32(device, 0, 1),
+                                       **kw)
     with pytest.raises(ValueError, match="block_table must have shape"):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table[:1], **kw)
     with pytest.raises(TypeError, match="block_table must be an int32"):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table.float(), **kw)
     # the varlen route checks the same things
-    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    cu = _i32(device, 0, 1, 2)
     with pytest.raises(ValueError, match="block_table entries"):
-        fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, torch.tensor([0, 20, 40], dtype=torch.int32), 1,
-                                      20, block_table=bad)
+        fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, _i32(device, 0, 20, 40), 1, 20, block_table=bad)
     with pytest.raises(ValueError, match="dropout_p"):
         fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, cu, 1, 1, dropout_p=0.1, block_table=table)
 
 
-def test_gradients_are_refused():
-    q, k_cache, v_cache, k, v, kw = _base("cpu")
+def test_gradients_are_refused(device):
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
     with pytest.raises(ValueError, match="forward-only"):
         fa_amd.flash_attn_with_kvcache(q.requires_grad_(), k_cache, v_cache, k, v, **kw)
     with torch.no_grad():
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
 
 
-def test_bad_device_values_never_touch_memory_outside_the_tensors(monkeypatch):
+def test_bad_device_values_never_touch_memory_outside_the_tensors(device, monkeypatch):
     """With the value checks off (the GPU default: they would need a device sync), out-of-range
     cache_seqlens / leftpad / cache_batch_idx / block_table / rotary positions are clamped in the
     kernels: every cache lives inside a larger NaN-filled buffer, which must stay NaN, and the
@@ -321,24 +324,23 @@ def test_bad_device_values_never_touch_memory_outside_the_tensors(monkeypatch):
 
     def guarded(*shape):
         n = math.prod(shape)
-        buf = torch.full((n + 2 * guard,), float("nan"), dtype=dtype)
-        buf[guard:guard + n] = torch.randn(n).to(dtype)
+        buf = torch.full((n + 2 * guard,), float("nan"), dtype=dtype, device=device)
+        buf[guard:guard + n] = torch.randn(n, device=device).to(dtype)
         return buf, buf[guard:guard + n].view(*shape)
 
-    q = torch.randn(2, 2, 4, d).to(dtype)
-    k, v = torch.randn(2, 3, hk, d).to(dtype), torch.randn(2, 3, hk, d).to(dtype)
+    q = torch.randn(2, 2, 4, d, device=device).to(dtype)
+    k, v = torch.randn(2, 3, hk, d, device=device).to(dtype), torch.randn(2, 3, hk, d, device=device).to(dtype)
     for paged in (False, True):
         kbuf, k_cache = guarded(*((5, 16, hk, d) if paged else (3, 20, hk, d)))
         vbuf, v_cache = guarded(*k_cache.shape)
         capacity = 32 if paged else 20
-        angle = torch.rand(capacity, 8) * 6.28
-        kw = dict(cache_seqlens=torch.tensor([capacity - 1, -7], dtype=torch.int32),
-                  cache_leftpad=torch.tensor([50, -3], dtype=torch.int32), causal=True, num_splits=2,
-                  rotary_cos=angle.cos().to(dtype), rotary_sin=angle.sin().to(dtype))
+        angle = torch.rand(capacity, 8, device=device) * 6.28
+        kw = dict(cache_seqlens=_i32(device, capacity - 1, -7), cache_leftpad=_i32(device, 50, -3), causal=True,
+                  num_splits=2, rotary_cos=angle.cos().to(dtype), rotary_sin=angle.sin().to(dtype))
         if paged:
-            kw["block_table"] = torch.tensor([[9, -4], [1, 2]], dtype=torch.int32)
+            kw["block_table"] = torch.tensor([[9, -4], [1, 2]], dtype=torch.int32, device=device)
         else:
-            kw["cache_batch_idx"] = torch.tensor([7, -2], dtype=torch.int32)
+            kw["cache_batch_idx"] = _i32(device, 7, -2)
         out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
         assert torch.isfinite(out).all()
         for buf in (kbuf, vbuf):
