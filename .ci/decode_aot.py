@@ -69,7 +69,9 @@ def compile_one(job):
     cfg = _config(target, kernel, d_pad, variant == "wide")
     values = dict(VARIANTS[variant], HEAD_DIM=head_dim, D_PAD=d_pad)
     if kernel == "decode":
-        values.update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
+        values.update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], RELOAD_CHUNK=cfg["RELOAD_CHUNK"])
+        if cfg["RELOAD_CHUNK"]:
+            values["ROTARY"] = False  # the launcher pre-rotates q for the reloading kernel
     elif kernel == "append":
         values.update(BLOCK_T=cfg["BLOCK_M"])
     else:
@@ -95,7 +97,7 @@ def compile_one(job):
         if sig[name].startswith("*") or (sig[name] == "i32" and name not in _NOT_DIVISIBLE
                                          and name.startswith("stride_")):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+    options = {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N", "RELOAD_CHUNK")}
     backend, arch, warp = TARGETS[target]
     out = dict(target=target, kernel=kernel, head_dim=head_dim, dtype=dtype, variant=variant, config=cfg)
     try:

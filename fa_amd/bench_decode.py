@@ -237,7 +237,7 @@ def run_generate(dtype, device, smoke=False, rounds=bench.ROUNDS, batch=8, promp
                  impls=GENERATE_IMPLS, caches=("dynamic", "static"), log=print) -> List[GenerateResult]:
     """HF generate() new tokens/s per (attention implementation, cache), in interleaved rounds."""
     if smoke:
-        batch, prompt, new_tokens = 2, 12, 3
+        batch, prompt, new_tokens, caches = 2, 12, 3, caches[:1]
     model = _generate_model(device, dtype, smoke)
     gen = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(3, model.config.vocab_size, (batch, prompt), generator=gen).to(device)

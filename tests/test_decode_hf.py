@@ -192,6 +192,15 @@ def test_continuous_batching_through_the_flash_attention_2_route():
     _run_cb_script()
 
 
+def test_bench_decode_and_generate_smoke(tmp_path):
+    from fa_amd import cli
+
+    assert cli.main(["bench", "--decode", "--generate", "--smoke", "--out", str(tmp_path)]) == 0
+    doc = (tmp_path / "decode.md").read_text()
+    assert "KV GB/s" in doc and "new tokens/s" in doc
+    assert "| b1 cache 40 |" in doc
+
+
 # --------------------------------------------------------------------------- GPU (bf16, real compile)
 
 @pytest.mark.gpu

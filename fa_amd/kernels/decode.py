@@ -30,8 +30,9 @@ import triton.language as tl
 
 from ..arch import arch_for, num_sms
 from ..tuning import get_decode_config, get_decode_split_policy
-from .blocks import key_ranges
+from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import cdiv, head_dim_padded, launch, new_output, score_args
+from .rotary import rotary_forward
 from .score_mods import LN2, alibi_slope_log2, score_log2
 
 
@@ -130,14 +131,14 @@ def kv_append_kernel(
 # --------------------------------------------------------------------------- split-KV attention
 
 @triton.jit
-def _decode_inner(acc, l_i, m_i, q, K_base, V_base, BT_row, KM_row, start, end,
+def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_row, start, end,
                   offs_n, offs_d, rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp,
                   page_size, num_pages,
                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                  PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr):
+                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if PAGED:
@@ -152,15 +153,21 @@ def _decode_inner(acc, l_i, m_i, q, K_base, V_base, BT_row, KM_row, start, end,
         else:
             k_off = cols * stride_kn
             v_off = cols * stride_vn
-        kT_ptrs = K_base + k_off[None, :] + offs_d[:, None]
         v_ptrs = V_base + v_off[:, None] + offs_d[None, :]
-        if MASK:
-            kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_end) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        elif D_PAD != HEAD_DIM:
-            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        if RELOAD_CHUNK:
+            # q streamed from memory in head-dim chunks with each key block (register-bound RDNA)
+            qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
+                             rows_tok[:, None] < in_loop(q_len, start_n, end), K_base + k_off[:, None],
+                             cols[:, None] < k_end, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
         else:
-            kT = tl.load(kT_ptrs)
-        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+            kT_ptrs = K_base + k_off[None, :] + offs_d[:, None]
+            if MASK:
+                kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_end) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                kT = tl.load(kT_ptrs)
+            qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
         s, _ = score_log2(qk, rows_tok[:, None], cols[None, :], diag, k_end, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
@@ -205,7 +212,7 @@ def decode_kernel(
     HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr, SPLIT: tl.constexpr,
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -301,7 +308,10 @@ def decode_kernel(
         q_rows = Q + b64 * stride_qb + tok * stride_qm + h * stride_qh
     offs_d = tl.arange(0, D_PAD)
     q_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=q_ok, other=0.0)
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed per key block by _decode_inner (rotary is applied by the launcher then)
+    else:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=q_ok, other=0.0)
     if ROTARY:
         if ROTARY_PER_TOKEN:
             pos = rot_base + tok
@@ -315,24 +325,24 @@ def decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, K_base, V_base, BT_row, KM_row, s_lo, a1,
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, s_lo, a1,
                                   offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
                                   page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                  HEAD_DIM, D_PAD, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP, HAS_ALIBI,
-                                  HAS_LEFT, HAS_RIGHT, INPUT_PRECISION)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, K_base, V_base, BT_row, KM_row, a1, a2,
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a1, a2,
                                   offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
                                   page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                  HEAD_DIM, D_PAD, BLOCK_N, False, PAGED, HAS_KEY_MASK, IS_SOFTCAP, HAS_ALIBI,
-                                  HAS_LEFT, HAS_RIGHT, INPUT_PRECISION)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, K_base, V_base, BT_row, KM_row, a2, s_hi,
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a2, s_hi,
                                   offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
                                   page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                  HEAD_DIM, D_PAD, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP, HAS_ALIBI,
-                                  HAS_LEFT, HAS_RIGHT, INPUT_PRECISION)
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -458,6 +468,20 @@ def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_ba
         **{k_: v_ for k_, v_ in cfg.items() if k_ != "BLOCK_M"})
 
 
+def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
+    """q (b, sq, h, d) rotated at cache_seqlens (+ i per token), on the device, by the fused rotary kernel."""
+    batch, seqlen_q = q.shape[:2]
+    if cache_seqlens is not None:
+        base = cache_seqlens.to(torch.int64).clamp_min(0)[:, None]
+    else:
+        base = torch.full((batch, 1), cache_seqlens_int or 0, dtype=torch.int64, device=q.device)
+    pos = base + (torch.arange(seqlen_q, device=q.device)[None, :] if per_token else 0)
+    pos = pos.expand(batch, seqlen_q).clamp(0, cos.shape[0] - 1)
+    # rotary.py reads the first half of HF-style (b, s, rotary_dim) tables
+    cos_full, sin_full = (torch.cat([t[pos], t[pos]], dim=-1) for t in (cos, sin))
+    return rotary_forward(q, cos_full, sin_full, interleaved)
+
+
 def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
@@ -522,6 +546,11 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                                    seqlen_q, capacity)
     flags.pop("HAS_DROPOUT")
     rotary = rotary_cos is not None
+    if rotary and cfg["RELOAD_CHUNK"]:
+        # the reloading kernel streams q from memory: give it q already rotated (kernels/rotary.py)
+        q = _rotated_q(q, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token, cache_seqlens,
+                       cache_seqlens_int)
+        rotary = False
     split = splits > 1
     if split:
         out_part = torch.empty((splits, total_q, hq, d), dtype=torch.float32, device=q.device)

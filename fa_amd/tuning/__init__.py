@@ -172,6 +172,8 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
         if arch.backend != "hip":
             for opt in HIP_ONLY_OPTIONS:
                 cfg.pop(opt, None)
+        if kernel == "decode":
+            cfg.setdefault("RELOAD_CHUNK", KERNEL_SWITCHES["RELOAD_CHUNK"])
         out[kernel] = cfg
     _DECODE_RESOLVED[key] = out
     return out

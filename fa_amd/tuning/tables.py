@@ -281,6 +281,7 @@ KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
 #             cache), where taller tiles read each K/V block for more rows; "fp32" for fp32 inputs.
 #   "append": the in-place cache write of new k/v (+ rotary); BLOCK_M = new tokens per program.
 #   "merge": the log-sum-exp merge of the key splits; BLOCK_M = (token, head) rows per program.
+# A "decode" entry may set the kernel switch RELOAD_CHUNK (KERNEL_SWITCHES; q reloaded per key block).
 # Starting points, not yet timed on a GPU (.ci/decode_ab.py times the candidates); the AMD rows
 # compile with zero scratch for their targets (checked with the AOT compiler, docs/AOT.md).
 DECODE_WIDE_ROWS = 16
@@ -327,9 +328,12 @@ DECODE_TABLES = {
     "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                            {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
-    "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
-                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                            {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE,
+    # RDNA3: q streamed in 32-column chunks (RELOAD_CHUNK, as the prefill rows do); with q and K
+    # resident every tile spilled (AOT: 12..1208 B scratch at 16x16..16x64, 4 or 8 warps)
+    "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {64: {"BLOCK_M": 32}, 128: {"BLOCK_M": 32}, 256: {"BLOCK_M": 32, "BLOCK_N": 16}},
                             {"waves_per_eu": 0}),
 }
 

@@ -137,6 +137,23 @@ def test_kvcache_grid(device, case):
     check_case(device, **CPU_CASES[case])
 
 
+@pytest.mark.parametrize("case", ["append_rot_causal_sq2", "paged_leftpad_alibi_d59"])
+def test_reload_chunk_kernel(device, monkeypatch, case):
+    """The register-light variant (tables RELOAD_CHUNK, RDNA rows): q streamed in head-dim chunks;
+    with rotary the launcher rotates q first (kernels/rotary.py)."""
+    from fa_amd import tuning
+    from fa_amd.tuning import tables
+
+    family = tuning._decode_family(fa_amd.arch.arch_for(torch.empty(0, device=device)))
+    rows = [dict(r, decode=dict(r["decode"], RELOAD_CHUNK=16)) for r in tables.DECODE_TABLES[family]]
+    monkeypatch.setitem(tables.DECODE_TABLES, family, rows)
+    monkeypatch.setattr(tuning, "_DECODE_RESOLVED", {})
+    cases = {"append_rot_causal_sq2": dict(new=2, rot=1.0, interleaved=True, causal=True, sq=2),
+             "paged_leftpad_alibi_d59": dict(page=16, d=59, leftpad=True, alibi="heads", causal=True, sq=3,
+                                             splits=2)}
+    check_case(device, **cases[case])
+
+
 def test_rows_without_keys_give_zero_and_inf_lse(device):
     # causal with more query tokens than keys (and an empty cache row): flash-attn's convention
     for splits in (1, 2):
