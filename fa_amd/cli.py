@@ -26,7 +26,7 @@ def cmd_info(args) -> int:
     import torch
 
     from .arch import INTERPRET, device_arch
-    from .tuning import KERNELS, family_of, get_config
+    from .tuning import KERNELS, family_of, get_config, get_decode_config, get_decode_split_policy
     from .tuning.tuned_table import autotune_enabled, tuned_copy, tuned_table_path
 
     torch_v, triton_v = _versions()
@@ -50,6 +50,9 @@ def cmd_info(args) -> int:
         print(f"  d{d}:")
         for kernel in KERNELS:
             print(f"    {kernel:11s} {get_config(arch, kernel, d)}")
+        for kernel, cfg in get_decode_config(arch, d).items():
+            print(f"    {kernel:11s} {cfg}")
+    print(f"decode key splits: {get_decode_split_policy(arch)}")
     return 0
 
 

@@ -159,6 +159,8 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
     # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
     first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:

@@ -241,6 +241,23 @@ def test_split_heuristic_fills_the_gpu_and_respects_limits():
     assert decode.decode_num_splits(4, 10, 1, policy) == 1  # the interpreter (one SM): CPU tests split on request
 
 
+def test_decode_tables_cover_every_family():
+    from fa_amd.arch import Arch
+    from fa_amd.tuning import get_decode_config, tables
+
+    assert set(tables.TABLES) <= set(tables.DECODE_TABLES)
+    for family, rows in tables.DECODE_TABLES.items():
+        backend = "hip" if family.startswith("gfx") else ("cuda" if family.startswith("sm") else "interpreter")
+        arch = Arch(backend, family, 64 if family.startswith("gfx9") else 32)
+        for d in (32, 64, 128, 256):
+            cfgs = get_decode_config(arch, d)
+            assert set(cfgs) == {"decode", "append", "merge"}
+            assert cfgs["decode"]["BLOCK_M"] >= 16 and cfgs["decode"]["BLOCK_N"] >= 16  # tl.dot minimum
+            assert get_decode_config(arch, d, wide=True)["decode"]["BLOCK_M"] >= cfgs["decode"]["BLOCK_M"]
+            if backend != "hip":
+                assert not any(k in cfg for cfg in cfgs.values() for k in tables.HIP_ONLY_OPTIONS)
+
+
 def test_torch_compile_traces_the_custom_ops(device):
     """Under torch.compile the append and the attention are opaque custom ops (fake shapes, mutation)."""
     q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, causal=True, rot=1.0, seed=7)
