@@ -68,6 +68,7 @@ class DecodeResult:
     gbs: Optional[float] = None
     note: str = ""
     rounds_us: List[float] = field(default_factory=list)
+    host_us: Optional[float] = None  # CPU time to issue one call (no sync): decode is often host-bound
 
 
 def decode_rows(smoke: bool = False) -> List[DecodeRow]:
@@ -147,8 +148,9 @@ def bench_decode_row(methods, row: DecodeRow, dtype, device, smoke: bool, rounds
             results.append(DecodeResult(**t.base, note=t.note or "n/a: not measured"))
             continue
         ms = sorted(t.rounds)[len(t.rounds) // 2]
+        host = bench.host_ms_per_call(t.call, (), calls=10) * 1e3 if not smoke else None
         results.append(DecodeResult(**t.base, us=ms * 1e3, gbs=row.kv_bytes(q.element_size()) / (ms * 1e-3) / 1e9,
-                                    rounds_us=[round(x * 1e3, 2) for x in t.rounds]))
+                                    rounds_us=[round(x * 1e3, 2) for x in t.rounds], host_us=host))
     del q, k, v, timed
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -190,6 +192,13 @@ def decode_markdown(results: List[DecodeResult], peak_gbs: Optional[float]) -> s
         if peak_gbs:
             extra = " | " + (f"{100 * ours.gbs / peak_gbs:.0f} %" if ours is not None and ours.gbs else "n/a")
         out.append(f"| {label} | " + " | ".join(cells) + extra + " |")
+    if any(r.host_us is not None for r in results):
+        out += ["\n### Decode: host time to issue one call (us, no sync; above the GPU time the row is host-bound)\n",
+                "| batch, cache | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+        for label in labels:
+            out.append(f"| {label} | " + " | ".join(
+                "n/a" if idx.get((label, m)) is None or idx[(label, m)].host_us is None
+                else f"{idx[(label, m)].host_us:.0f}" for m in methods) + " |")
     trailing = []
     for label in labels:
         ours = idx.get((label, "fa_amd"))

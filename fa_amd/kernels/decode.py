@@ -415,7 +415,7 @@ _MAX_GRID_YZ = 65535
 def decode_num_splits(programs: int, key_blocks: int, sms: int, policy, requested: int = 0) -> int:
     """Key splits per (KV head, row tile, sequence): `requested` when > 0 (at most one per key block),
     else flash-attn 2's wave-efficiency rule with the family's tables.DECODE_SPLITS parameters."""
-    return _num_splits(programs, key_blocks, sms, tuple(sorted(policy.items())), requested)
+    return _num_splits(programs, key_blocks, sms, tuple(policy.items()), requested)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -466,6 +466,17 @@ def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_ba
         SEQLENS_TENSOR=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved),
         **{k_: v_ for k_, v_ in cfg.items() if k_ != "BLOCK_M"})
+
+
+_SMS = {}
+
+
+def _sms(q) -> int:
+    """arch.num_sms, remembered per device (decode launches are host-bound)."""
+    key = q.device
+    if key not in _SMS:
+        _SMS[key] = num_sms(q)
+    return _SMS[key]
 
 
 def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
@@ -540,7 +551,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if seqlen_q * group > cfg["BLOCK_M"]:
         cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True)["decode"]
     n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
-    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), num_sms(q),
+    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q),
                                get_decode_split_policy(arch), num_splits)
     scalars, flags, _ = score_args(q, alibi_slopes, None, 0.0, softmax_scale, window_left, window_right, softcap,
                                    seqlen_q, capacity)
