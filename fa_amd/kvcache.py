@@ -11,6 +11,7 @@ every such index, so unchecked bad values never read or write outside the tensor
 """
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Optional, Tuple
 
@@ -122,7 +123,8 @@ def _check_index(name: str, t, batch: int, q, dtypes=_INDEX_DTYPES, shape=None):
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        what = "an int, an int32 torch.Tensor or None" if name == "cache_seqlens" else "a torch.Tensor or None"
+        raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
     want = shape or (batch,)
@@ -312,6 +314,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     # cache_seqlens: an int (checked here) or an int32 (batch,) tensor (clamped in the kernels)
     cache_seqlens_int = None
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = int(cache_seqlens)  # numpy ints too
     if cache_seqlens is None:
         if seqlen_new:
             raise ValueError("cache_seqlens is required when k/v are appended (where should they go?)")

@@ -386,6 +386,8 @@ def _decode_attention(query, key, value, attention_mask, common):
             raise ValueError(f"attention_mask covers {length} keys but only {key.shape[1]} were given")
         # every layer gets the same mask object: its bounds are computed once per forward
         start, end, key_mask = memo_per_tensor(attention_mask, ("decode_bounds", str(query.device)), _decode_bounds)
+    if key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel reads head dims contiguously
+        key, value = key.contiguous(), value.contiguous()
     left, right = common["window_size"]
     if common["causal"]:
         right = 0
