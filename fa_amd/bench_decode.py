@@ -3,6 +3,7 @@
     fa-amd bench --decode                     # batch {1, 8, 64} x cache {2k, 8k, 32k, 128k}, GQA 32/8, d128
     fa-amd bench --decode --out bench_out     # + decode.json / decode.md
     fa-amd bench --generate                   # HF generate tokens/s, fa_amd vs sdpa, interleaved rounds
+    fa-amd bench --decode --generate --markdown docs/PERFORMANCE.md   # (re)writes the doc's decode section
     TRITON_INTERPRET=1 fa-amd bench --decode --generate --smoke   # tiny CPU run (CI)
 
 Decode rows: one query token per sequence attends a full KV cache (bf16).  Every method reads the
@@ -300,6 +301,25 @@ def generate_markdown(results: List[GenerateResult], smoke: bool) -> str:
     return "\n".join(out)
 
 
+SECTION_BEGIN = "<!-- fa-amd bench --decode/--generate: begin -->"
+SECTION_END = "<!-- fa-amd bench --decode/--generate: end -->"
+
+
+def write_section(path: str, doc: str) -> None:
+    """Put `doc` in `path` between the decode markers: replaces an earlier decode section, else appends
+    one (the prefill tables that `fa-amd bench --markdown` writes stay as they are)."""
+    section = f"{SECTION_BEGIN}\n## Decode and generation\n\n{doc}\n{SECTION_END}\n"
+    text = open(path).read() if os.path.exists(path) else ""
+    if SECTION_BEGIN in text and SECTION_END in text:
+        head, rest = text.split(SECTION_BEGIN, 1)
+        text = head + section + rest.split(SECTION_END, 1)[1].lstrip("\n")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + section
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 # --------------------------------------------------------------------------- CLI (from fa_amd.bench)
 
 def run_cli(args) -> int:
@@ -337,6 +357,9 @@ def run_cli(args) -> int:
            f"on **{env.get('gpu')}** ({env.get('arch')}), torch {env['torch']}, triton {env['triton']}, "
            f"{env['date']}.\n" + "\n".join(parts) + "\n")
     print(doc)
+    if args.markdown:
+        write_section(args.markdown, doc)
+        print(f"wrote the decode section of {args.markdown}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "decode.json"), "w") as f:

@@ -193,12 +193,19 @@ def test_continuous_batching_through_the_flash_attention_2_route():
 
 
 def test_bench_decode_and_generate_smoke(tmp_path):
-    from fa_amd import cli
+    from fa_amd import bench_decode, cli
 
-    assert cli.main(["bench", "--decode", "--generate", "--smoke", "--out", str(tmp_path)]) == 0
+    perf = tmp_path / "PERF.md"
+    perf.write_text("# Performance\n\nprefill tables\n")
+    assert cli.main(["bench", "--decode", "--generate", "--smoke", "--out", str(tmp_path), "--markdown",
+                     str(perf)]) == 0
     doc = (tmp_path / "decode.md").read_text()
     assert "KV GB/s" in doc and "new tokens/s" in doc
     assert "| b1 cache 40 |" in doc
+    bench_decode.write_section(str(perf), "second run")  # replaces the section, keeps the rest
+    text = perf.read_text()
+    assert text.startswith("# Performance\n\nprefill tables") and text.count("## Decode and generation") == 1
+    assert "second run" in text and "KV GB/s" not in text
 
 
 # --------------------------------------------------------------------------- GPU (bf16, real compile)
