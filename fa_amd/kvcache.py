@@ -96,7 +96,10 @@ def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, win
     """flash_attn_with_kvcache's append + attention for a caller that vouches for its arguments and
     whose device values may be out of range on purpose: Transformers' continuous batching pads a batch
     with sequences of cache_seqlens -1 and block-table entries -1, which the kernels clamp (reads) or
-    drop (writes).  No host-side checks, no sync.  Returns out."""
+    drop (writes).  No host-side value checks, no sync.  Returns out."""
+    for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        if t is not None and t.shape[0] != q.shape[0]:  # the kernels index them by sequence
+            raise ValueError(f"{name} has {t.shape[0]} rows for {q.shape[0]} sequences")
     if k is not None:
         append = _append_op if torch.compiler.is_compiling() else _append
         append(k, v, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, False)
