@@ -141,15 +141,15 @@ def _minmax(t: torch.Tensor):
     return tuple(torch.stack([t.min(), t.max()]).tolist()) if t.numel() else (0, 0)
 
 
-def _check_grad(**tensors):
+def _check_grad(what: str, **tensors):
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise ValueError(
-                f"flash_attn_with_kvcache is forward-only (as in flash-attn) but {name} requires grad; call it "
-                f"under torch.no_grad() / torch.inference_mode(), or use flash_attn_func / flash_attn_varlen_func "
-                f"for training")
+                f"{what} is forward-only (as in flash-attn) but {name} requires grad; call it under "
+                f"torch.no_grad() / torch.inference_mode(), or train with flash_attn_func / flash_attn_varlen_func "
+                f"on contiguous k/v")
 
 
 def _check_common(q, k_cache, v_cache, paged: bool):
@@ -305,7 +305,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         capacity = k_cache.shape[1]
     seqlen_new = _check_new_kv(k, v, q, k_cache, capacity)
-    _check_grad(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
+    _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
     for name, flag in (("rotary_interleaved", rotary_interleaved), ("return_softmax_lse", return_softmax_lse)):
@@ -424,7 +424,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         raise ValueError("return_attn_probs=True is not supported with block_table/seqused_k")
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
-    _check_grad(q=q, k=k, v=v)
+    _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v)
     for name, t in (("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head) dimension")
