@@ -24,7 +24,8 @@ fa_amd stands in for SDPA's flash backend: where that is switched off (`sdpa_ker
 FLASH_ATTENTION, `torch.backends.cuda.enable_flash_sdp(False)`) calls go to torch, as they do for
 everything it cannot serve: float masks, other boolean masks (under torch.compile every
 mask: its contents cannot be read while tracing), fp64, head dims > 256, nested or other tensor
-subclasses, broadcast batch dims, empty inputs, CPU tensors (unless TRITON_INTERPRET=1).
+subclasses, torch.func transforms, broadcast batch dims, empty inputs, CPU tensors (unless
+TRITON_INTERPRET=1).
 
 How: a Python kernel for aten::scaled_dot_product_attention registered with the dispatcher (its
 CUDA and AutogradCUDA keys; CPU ones too under the interpreter), so the route sees every call,
@@ -174,6 +175,12 @@ def _plain_or_traced(t) -> bool:
     return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
+def _functorch_active() -> bool:
+    # torch.func wraps tensors in its own layers; fa_amd's autograd.Function does not support them
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
 def _unservable(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[str]:
     """Why fa_amd cannot serve this call (a short, stable reason), or None."""
     tensors = (query, key, value)
@@ -181,6 +188,8 @@ def _unservable(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
         return "SDPA's flash backend is disabled (sdpa_kernel without FLASH_ATTENTION, or enable_flash_sdp(False))"
     if not all(isinstance(t, torch.Tensor) and _plain_or_traced(t) and not t.is_nested for t in tensors):
         return "nested or subclassed tensors"
+    if _functorch_active():
+        return "a torch.func transform (grad, vmap, jacrev, ...)"
     if query.dtype not in interface.SUPPORTED_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         return f"dtype {query.dtype}/{key.dtype}/{value.dtype}"
     device = query.device

@@ -157,6 +157,11 @@ def test_unservable_calls_go_to_torch_unchanged_and_are_logged_once(device, serv
     with fa_amd.sdpa_route(), pytest.raises(RuntimeError) as inside:
         F.scaled_dot_product_attention(q, k[..., :8], v)
     assert str(inside.value) == str(outside.value)
+    # torch.func transforms keep working (torch serves them)
+    f = lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True).sum()  # noqa: E731
+    with fa_amd.sdpa_route():
+        g = torch.func.grad(f)(q)
+    torch.testing.assert_close(g, torch.func.grad(f)(q), rtol=0, atol=0)
     # and so do its broadcasts (one key head, no enable_gqa)
     with fa_amd.sdpa_route():
         out = F.scaled_dot_product_attention(q, k[:, :1], v[:, :1])
