@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .arch import INTERPRET, arch_for, check_interpreter_supported
-from .interface import (MAX_HEAD_DIM, _check_alibi, _check_cu_seqlens, _check_device, _check_tensor,
+from .interface import (MAX_HEAD_DIM, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks, _check_tensor,
                         _normalize_scalars)
 from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
@@ -54,11 +54,12 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, softmax_scale: float
                seqlen_new: int, cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
                cache_leftpad: Optional[Tensor], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                key_mask: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
-               rotary_interleaved: bool, rotary_per_token: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
+               rotary_interleaved: bool, rotary_per_token: bool, num_splits: int,
+               sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
-                          rotary_interleaved, rotary_per_token, num_splits)
+                          rotary_interleaved, rotary_per_token, num_splits, sinks)
 
 
 @_decode_op.register_fake
@@ -81,18 +82,18 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
                      cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                      cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                      key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                     rotary_per_token=False, num_splits=0):
+                     rotary_per_token=False, num_splits=0, sinks=None):
     """(out, lse) of the decode kernel on already-checked arguments: the custom op while
     torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward)."""
     fn = _decode_op if torch.compiler.is_compiling() else decode_forward
     return fn(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
               max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k, seqused_k, cache_leftpad,
               cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token,
-              num_splits)
+              num_splits, sinks)
 
 
 def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
-                      cache_seqlens=None, block_table=None):
+                      cache_seqlens=None, block_table=None, sinks=None):
     """flash_attn_with_kvcache's append + attention for a caller that vouches for its arguments and
     whose device values may be out of range on purpose: Transformers' continuous batching pads a batch
     with sequences of cache_seqlens -1 and block-table entries -1, which the kernels clamp (reads) or
@@ -105,7 +106,7 @@ def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, win
         append(k, v, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, False)
     out, _ = decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap,
                               cache_seqlens=cache_seqlens, seqlen_new=0 if k is None else k.shape[1],
-                              block_table=block_table)
+                              block_table=block_table, sinks=sinks)
     return out
 
 
@@ -277,7 +278,8 @@ def _contiguous_last(x):
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            sinks=None, s_aux=None):
     """Attention of q over a KV cache, appending k/v first (flash-attn 2.x semantics), forward only.
 
     q: (batch, seqlen_q, nheads, headdim).  k_cache / v_cache: (batch_size_cache, seqlen_cache,
@@ -289,7 +291,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens.  cache_leftpad (batch,): each row's keys start there.  block_table: (batch,
     max_num_blocks_per_seq) int32.  Causal is bottom-right aligned.  num_splits: 0 = heuristic from
     the GPU's SM/CU count, 1 = no split.  Returns out, and (out, softmax_lse (batch, nheads,
-    seqlen_q) fp32) with return_softmax_lse.  No host synchronisation: CUDA/HIP graphs capture it.
+    seqlen_q) fp32) with return_softmax_lse.  sinks (alias s_aux): (nheads,) learnable sink logits, as
+    in flash_attn_func (fa_amd's extension).  No host synchronisation: CUDA/HIP graphs capture it.
     """
     paged = block_table is not None
     _check_common(q, k_cache, v_cache, paged)
@@ -314,6 +317,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    sinks = _check_sinks(sinks, s_aux, q, hq)
 
     # cache_seqlens: an int (checked here) or an int32 (batch,) tensor (clamped in the kernels)
     cache_seqlens_int = None
@@ -353,7 +357,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_per_token=bool(causal or local), num_splits=num_splits)
+        rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -391,7 +395,7 @@ def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
 
 def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                            block_table, seqused_k):
+                            block_table, seqused_k, sinks=None, s_aux=None):
     """flash_attn_varlen_func with block_table (paged k/v: (num_blocks, page_block_size, nheads_k,
     headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
     and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
@@ -452,6 +456,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     seqused_k = _check_index("seqused_k", seqused_k, batch, q, dtypes=(torch.int32,))
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    sinks = _check_sinks(sinks, s_aux, q, hq)
     if seqused_k is not None and _check_values_now(seqused_k):
         lo, hi = memo_per_tensor(seqused_k, "kvcache_minmax", _minmax)
         if lo < 0 or hi > max_seqlen_k:
@@ -462,5 +467,5 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                                seqused_k=seqused_k, block_table=block_table)
+                                seqused_k=seqused_k, block_table=block_table, sinks=sinks)
     return out

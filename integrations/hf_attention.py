@@ -56,8 +56,6 @@ HARMLESS_KWARGS = frozenset(
 # any of them with a non-None value raises instead of silently computing
 # something else.
 UNSUPPORTED_KWARGS = {
-    "s_aux": "learnable attention sinks (s_aux)",
-    "sinks": "learnable attention sinks (sinks)",
     "position_bias": "an additive position bias",
     "head_mask": "a per-head mask",
     "indices": "sparse attention indices",
@@ -244,12 +242,17 @@ def fa_amd_attention_forward(
     deterministic: Optional[bool] = None,
     **kwargs,
 ):
-    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None)."""
+    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None).
+
+    Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
+    """
+    # to the kernels under the caller's name (the errors then name it too)
+    sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
     if cache is not None:  # continuous batching: a paged cache the attention updates itself
         return _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window,
                                       softcap, is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
-                                      kwargs)
+                                      kwargs, sink_kwargs)
     _check_kwargs(kwargs)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
@@ -295,6 +298,7 @@ def fa_amd_attention_forward(
         softcap=0.0 if softcap is None else float(softcap),
         deterministic=bool(deterministic) if deterministic is not None else False,
     )
+    common.update(sink_kwargs)
 
     if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k):
         out = _decode_attention(query, key, value, attention_mask, common)
@@ -392,13 +396,24 @@ def _decode_attention(query, key, value, attention_mask, common):
     if common["causal"]:
         right = 0
     scale = common["softmax_scale"]
+    sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
     out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
-                              right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask)
+                              right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
+                              sinks=sinks)
     return out
 
 
+def _sinks(sinks, s_aux, query):
+    """Learnable sinks (gpt-oss's s_aux) as the kernels take them: fp32 (heads,), checked; or None."""
+    if sinks is None and s_aux is None:
+        return None
+    from fa_amd.interface import _check_sinks
+
+    return _check_sinks(sinks, s_aux, query, query.shape[-2])
+
+
 def _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window, softcap,
-                           is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, kwargs):
+                           is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, kwargs, sink_kwargs):
     """Continuous batching (``generate_batch``, ``transformers serve``): the PagedAttentionCache writes
     the new keys/values (or, on a decode-only batch with a block table, hands over its pages), then
     fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys."""
@@ -437,14 +452,15 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
         cache_seqlens = (cu_k[1:n + 1] - cu_k[:n] - 1).to(torch.int32)
         out = append_and_attend(query[:, None], state["k_cache"], state["v_cache"], key[:, None].to(query.dtype),
                                 value[:, None].to(query.dtype), scale, left, right, softcap, cache_seqlens,
-                                state["block_table"])
+                                state["block_table"],
+                                _sinks(sink_kwargs.get("sinks"), sink_kwargs.get("s_aux"), query))
     else:
         _, flash_attn_varlen_func = _kernels()
         out = flash_attn_varlen_func(query, key.to(query.dtype), value.to(query.dtype),
                                      _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device),
                                      _as_cu_seqlens(cu_k, "cu_seq_lens_k", query.device),
                                      _as_int(max_length_q, "max_length_q"), max_k, softmax_scale=scale, causal=causal,
-                                     window_size=(left, right), softcap=softcap)
+                                     window_size=(left, right), softcap=softcap, **sink_kwargs)
     return out.reshape(1, -1, hq, d), None
 
 

@@ -33,7 +33,7 @@ from ..tuning import get_decode_config, get_decode_split_policy
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import cdiv, head_dim_padded, launch, new_output, score_args
 from .rotary import rotary_forward
-from .score_mods import LN2, alibi_slope_log2, score_log2
+from .score_mods import LN2, LOG2E, alibi_slope_log2, score_log2, sink_init
 
 
 # --------------------------------------------------------------------------- rotary (shared by q and new k)
@@ -213,6 +213,7 @@ def decode_kernel(
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr, SPLIT: tl.constexpr,
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -221,6 +222,8 @@ def decode_kernel(
     K_PACKED: keys are packed varlen rows starting at cu_seqlens_k[b] (else row b of the cache, or
     pages).  With SPLIT each program writes its normalized partial output and log2-sum-exp to
     OutPart / LsePart (split, token, head), merged by split_merge_kernel; else Out / Lse directly.
+    Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
+    adds them instead, so each row counts its sink once.
     """
     n_kv_heads = n_heads // GROUP
     hk = tl.program_id(0) % n_kv_heads
@@ -324,6 +327,9 @@ def decode_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        if not SPLIT:
+            m_i, l_i = sink_init(Sinks, h, BLOCK_M)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, s_lo, a1,
                                   offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
@@ -370,6 +376,7 @@ def split_merge_kernel(
     n_rows, n_heads, rows_per_seq, n_splits,
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
 ):
     """Out[token, head] = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (empty splits: w 0).
 
@@ -382,8 +389,13 @@ def split_merge_kernel(
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     for s in range(0, n_splits):
         m = tl.maximum(m, tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf")))
+    if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
+        sink_log2 = tl.load(Sinks + offs_r % n_heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink_log2)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    if HAS_SINKS:
+        den = tl.exp2(sink_log2 - m_safe)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
     d_ok = offs_d[None, :] < HEAD_DIM
     for s in range(0, n_splits):
@@ -497,7 +509,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                   rotary_per_token=False, num_splits=0):
+                   rotary_per_token=False, num_splits=0, sinks=None):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -506,8 +518,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     sequence) (num_pages, page_size, hk, d) pages; with cu_seqlens_k and no block table, packed
     (total_k, hk, d) keys.  Keys of sequence b: cache_seqlens[b] (or cache_seqlens_int, or the whole
     capacity) + seqlen_new already-appended ones, or cu_seqlens_k / seqused_k lengths; from
-    cache_leftpad[b] on; key_mask (batch, >= keys) uint8 drops single keys.  lse: (batch, hq,
-    seqlen_q) fp32, (hq, total_q) for varlen q.
+    cache_leftpad[b] on; key_mask (batch, >= keys) uint8 drops single keys; sinks: fp32 (hq,)
+    learnable sink logits.  lse: (batch, hq, seqlen_q) fp32, (hq, total_q) for varlen q.
     """
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
@@ -592,6 +604,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                   HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, HAS_KEY_MASK=key_mask is not None,
                   ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved) and rotary,
                   ROTARY_PER_TOKEN=bool(rotary_per_token) and rotary, SPLIT=split, **flags)
+    # sinks only when given: a launch without them compiles to the same code as before they existed
+    sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
+    kwargs.update(sink_kwargs)
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
     launch(decode_kernel, cfg, lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"]), (splits, batch), args, kwargs)
     if split:
@@ -599,6 +614,6 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         n_rows = total_q * hq
         split_merge_kernel[(cdiv(n_rows, merge["BLOCK_M"]),)](
             out, lse, out_part, lse_part, n_rows, hq, total_q if q_varlen else seqlen_q, splits,
-            *o_strides, *l_strides, HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
+            *o_strides, *l_strides, HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"], **sink_kwargs,
             **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
     return out, lse

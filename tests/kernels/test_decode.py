@@ -28,7 +28,7 @@ def poison_outputs(monkeypatch):
 
 def make_case(device, dtype=torch.float16, b=2, sq=1, hq=4, hk=2, d=64, cache=37, new=0, rot=0.0, interleaved=False,
               page=None, batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, softcap=0.0,
-              splits=1, seqlens="tensor", seed=0):
+              splits=1, seqlens="tensor", sinks=False, seed=0):
     """Inputs of one flash_attn_with_kvcache call (random, never zero) and the kwargs both sides take."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -73,6 +73,10 @@ def make_case(device, dtype=torch.float16, b=2, sq=1, hq=4, hk=2, d=64, cache=37
         kw["alibi_slopes"] = (torch.rand(hq, generator=gen) * 0.3).to(device)
     elif alibi == "batch_heads":
         kw["alibi_slopes"] = (torch.rand(b, hq, generator=gen) * 0.3).to(device)
+    if sinks:  # learnable sinks (gpt-oss); one head without (-inf)
+        logits = torch.randn(hq, generator=gen) * 2
+        logits[-1] = float("-inf")
+        kw["sinks"] = logits.to(device)
     return q, k_cache, v_cache, k, v, kw, splits
 
 
@@ -129,6 +133,8 @@ CPU_CASES = {
     "fp32_d59_batch_idx_leftpad_causal": dict(dtype=torch.float32, d=59, batch_idx=True, leftpad=True, causal=True,
                                               sq=2),
     "many_splits_more_than_blocks": dict(splits=64, new=1, causal=True, cache=45),
+    "sinks_no_split_causal_sq3": dict(sinks=True, sq=3, causal=True, seed=4),
+    "sinks_split_paged_append": dict(sinks=True, splits=3, page=16, new=1, cache=40),
 }
 
 
@@ -158,6 +164,8 @@ def test_rows_without_keys_give_zero_and_inf_lse(device):
     # causal with more query tokens than keys (and an empty cache row): flash-attn's convention
     for splits in (1, 2):
         check_case(device, sq=3, cache=12, seqlens="tensor", causal=True, splits=splits, seed=3)
+        # with sinks such rows get lse = sink (and output 0)
+        check_case(device, sq=3, cache=12, seqlens="tensor", causal=True, splits=splits, sinks=True, seed=3)
     q, k_cache, v_cache, _, _, kw, _ = make_case(device, sq=2, cache=8)
     kw["cache_seqlens"] = torch.zeros(2, dtype=torch.int32, device=device)
     out, lse = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True, **kw)
