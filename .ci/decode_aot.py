@@ -25,7 +25,7 @@ TARGETS = {"gfx908": ("hip", "gfx908", 64), "gfx90a": ("hip", "gfx90a", 64), "gf
 HEAD_DIMS = (64, 80, 128, 256)
 KERNELS = {"decode": "decode_kernel", "append": "kv_append_kernel", "merge": "split_merge_kernel"}
 _I32_POINTERS = ("CuSeqlensQ", "CacheSeqlens", "CuSeqlensK", "SeqUsedK", "LeftPad", "BatchIdx", "BlockTable")
-_FP32_POINTERS = ("Lse", "OutPart", "LsePart", "Alibi")
+_FP32_POINTERS = ("Lse", "OutPart", "LsePart", "Alibi", "Sinks")
 _IO_POINTERS = ("Q", "K", "V", "Out", "KNew", "VNew", "KCache", "VCache", "Cos", "Sin")
 _FLOATS = ("qk_scale_log2", "softcap_div", "softcap_log2")
 _NOT_DIVISIBLE = ("stride_ab", "stride_kmb", "stride_btb", "win_left", "win_right", "GROUP", "rot_half",
@@ -33,14 +33,16 @@ _NOT_DIVISIBLE = ("stride_ab", "stride_kmb", "stride_btb", "win_left", "win_righ
 _BASE = dict(Q_VARLEN=False, K_LENS=1, K_PACKED=False, HAS_SEQUSED=False, HAS_LEFTPAD=False, HAS_BATCH_IDX=False,
              PAGED=False, HAS_KEY_MASK=False, ROTARY=False, ROTARY_INTERLEAVED=False, ROTARY_PER_TOKEN=False,
              SPLIT=True, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
-             INPUT_PRECISION="ieee", SEQLENS_TENSOR=True)
+             INPUT_PRECISION="ieee", SEQLENS_TENSOR=True, HAS_SINKS=False)
 VARIANTS = {
     "plain": dict(_BASE),
     # every feature the paged decode path can meet at once (cache_batch_idx excludes paging)
     "all": dict(_BASE, PAGED=True, HAS_LEFTPAD=True, HAS_KEY_MASK=True, ROTARY=True, ROTARY_PER_TOKEN=True,
-                IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True),
+                IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True, HAS_SINKS=True),
+    # ... and the unsplit epilogue with sinks
     "dense_all": dict(_BASE, HAS_BATCH_IDX=True, HAS_LEFTPAD=True, ROTARY=True, ROTARY_INTERLEAVED=True,
-                      IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True, Q_VARLEN=True),
+                      IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True, Q_VARLEN=True, SPLIT=False,
+                      HAS_SINKS=True),
     # chunked / paged prefill on a cache: the "wide" tile
     "wide": dict(_BASE, PAGED=True, HAS_RIGHT=True, K_LENS=2),
 }
@@ -136,6 +138,7 @@ def main(argv=None) -> int:
                 jobs.append((t, "decode", d, dtype, v))
             jobs.append((t, "append", d, dtype, "all"))
             jobs.append((t, "merge", d, dtype, "plain"))
+            jobs.append((t, "merge", d, dtype, "all"))
     bad = 0
     results = []
     with ProcessPoolExecutor(args.workers) as pool:
