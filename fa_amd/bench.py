@@ -831,6 +831,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
     parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
                         default=None, help="peers of the --decode rows (default: all)")
+    parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,
+                        help="only these --decode rows, e.g. 1x2048 64x131072 (to split a long run)")
     parser.add_argument("--hbm-peak-gbs", type=float, default=None,
                         help="HBM peak of this GPU in GB/s for the --decode %% column (known GPUs: detected)")
 

@@ -158,9 +158,13 @@ def bench_decode_row(methods, row: DecodeRow, dtype, device, smoke: bool, rounds
     return results
 
 
-def run_decode(methods, dtype, device, smoke=False, rounds=bench.ROUNDS, log=print) -> List[DecodeResult]:
+def run_decode(methods, dtype, device, smoke=False, rounds=bench.ROUNDS, log=print, checkpoint=None,
+               rows=None) -> List[DecodeResult]:
+    """Every row (or `rows`); `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
     results = []
-    for row in decode_rows(smoke):
+    for row in rows or decode_rows(smoke):
+        if checkpoint is not None and results:
+            checkpoint(results)
         log(row.label)
         for r in bench_decode_row(methods, row, dtype, device, smoke, rounds):
             results.append(r)
@@ -340,7 +344,17 @@ def run_cli(args) -> int:
     parts = []
     if args.decode:
         methods = [m for m in (args.decode_methods or DECODE_METHODS)]
-        results = run_decode(methods, dtype, device, smoke=args.smoke, rounds=rounds)
+
+        def checkpoint(results):  # decode.partial.json: what a run cut short had measured
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "decode.partial.json"), "w") as f:
+                json.dump(dict(payload, decode=[asdict(r) for r in results]), f, indent=1)
+
+        rows = None
+        if args.decode_rows:
+            rows = [DecodeRow(*(int(x) for x in item.split("x"))) for item in args.decode_rows]
+        results = run_decode(methods, dtype, device, smoke=args.smoke, rounds=rounds,
+                             checkpoint=checkpoint if args.out else None, rows=rows)
         peak = args.hbm_peak_gbs or hbm_peak_gbs(env.get("gpu", ""))
         payload["decode"] = [asdict(r) for r in results]
         payload["hbm_peak_gbs"] = peak
@@ -366,5 +380,8 @@ def run_cli(args) -> int:
             json.dump(payload, f, indent=1)
         with open(os.path.join(args.out, "decode.md"), "w") as f:
             f.write(doc)
+        partial = os.path.join(args.out, "decode.partial.json")
+        if os.path.exists(partial):
+            os.remove(partial)
         print(f"results: {args.out}/decode.json, {args.out}/decode.md")
     return 0
