@@ -402,7 +402,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel."""
     paged = block_table is not None
     _check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)")
+    layout = ("(num_blocks, page_block_size, nheads_k, headdim) when block_table is given" if paged
+              else "(total_k, nheads_k, headdim)")
     _check_tensor("k", k, 4 if paged else 3, layout)
     _check_tensor("v", v, 4 if paged else 3, layout)
     if not (q.dtype == k.dtype == v.dtype):
