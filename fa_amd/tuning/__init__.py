@@ -89,14 +89,29 @@ def is_short(max_seqlen_k: int) -> bool:
 
 def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
              short: bool = False) -> Dict:
-    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
-    # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
-    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal, short)
+    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
     return cfg
+
+
+def _entry(rows, kernel: str, head_dim_padded: int) -> Dict:
+    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
+    return row.get(kernel) or row["dkdv"]
+
+
+def default_entry(arch: Arch, kernel: str, head_dim_padded: int) -> Dict:
+    """The default tables' entry for `kernel` (its override dicts unapplied), tuned tables ignored."""
+    return _entry(TABLES[family_of(arch)], kernel, head_dim_padded)
+
+
+def default_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
+                   short: bool = False) -> Dict:
+    """get_config from the default tables only (tuned tables ignored): what the AOT check builds."""
+    return _resolve(TABLES[family_of(arch)], arch, kernel, head_dim_padded, is_fp32, causal, short)
 
 
 def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
