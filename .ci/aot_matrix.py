@@ -49,8 +49,11 @@ def venv_python(version: str, venv_dir: Path) -> str:
 
 
 def run_version(version: str, args) -> Path:
-    out = Path(args.out) / f"aot-triton-{version}.json"
     python = venv_python(version, Path(args.venv_dir))
+    if version == "installed":
+        version = subprocess.run([python, "-c", "import triton; print(triton.__version__)"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    out = Path(args.out) / f"aot-triton-{version}.json"
     cmd = [python, "-m", "fa_amd.aot", "--arch", *args.arch, "-j", str(args.jobs), "--json", str(out)]
     cmd += ["--full"] if not args.ci else []
     cmd += ["--kernels", *args.kernels] if args.kernels else []

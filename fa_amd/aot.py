@@ -88,6 +88,9 @@ VARIANTS = {
 # the d64 atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since
 # 2026-11, with zero scratch (docs/AOT.md).
 KNOWN_SCRATCH: Dict[tuple, str] = {}
+# The same for older Tritons only: {"triton<X.Y": {(target, kernel, table row head_dim): reason}},
+# covering results compiled by a triton older than X.Y (their measured figures are in docs/AOT.md).
+KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {}
 
 
 @dataclass
@@ -126,6 +129,7 @@ class CompileResult:
     # and the constexpr values (flags, tiles, switches), as the launcher passed them
     signature: Dict[str, str] = field(default_factory=dict)
     constexprs: Dict[str, Any] = field(default_factory=dict)
+    triton: Optional[str] = None  # the version that compiled it
 
     @property
     def is_hip(self) -> bool:
@@ -138,9 +142,28 @@ class CompileResult:
 
 
 def known_scratch(r: "CompileResult") -> Optional[str]:
-    """The KNOWN_SCRATCH reason covering this result's (target, kernel, table row), if any."""
-    head_dim = int(r.variant.split("-")[0][1:])
-    return KNOWN_SCRATCH.get((r.target, r.kernel, _d_pad(head_dim)))
+    """The KNOWN_SCRATCH (or, for the triton that built it, KNOWN_SCRATCH_BEFORE) reason covering
+    this result's (target, kernel, table row), if any."""
+    row = (r.target, r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
+    version = _version_tuple(r.triton) if r.triton else triton_version()
+    for bound, rows in KNOWN_SCRATCH_BEFORE.items():
+        if version < _version_tuple(bound.split("<")[1]) and row in rows:
+            return rows[row]
+    return KNOWN_SCRATCH.get(row)
+
+
+def known_scratch_rows(version: Optional[tuple] = None) -> Dict[tuple, str]:
+    """Every known-spill row that applies to this triton (default: the installed one)."""
+    version = version or triton_version()
+    rows = dict(KNOWN_SCRATCH)
+    for bound, extra in KNOWN_SCRATCH_BEFORE.items():
+        if version < _version_tuple(bound.split("<")[1]):
+            rows.update(extra)
+    return rows
+
+
+def _version_tuple(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
 
 
 def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
@@ -456,20 +479,21 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
     spill-free, bf16 (fp16 on gfx908); plus every KNOWN_SCRATCH row, so a fixed
     one is noticed, and the tiles of "short" overrides."""
     jobs = []
+    known = known_scratch_rows()
     for t in targets:
         dtype = "fp16" if t == "gfx908" else "bf16"
         for k in kernels:
             if k in ("preprocess", "rotary"):
                 jobs.append(CompileJob(t, k, 256 if k == "preprocess" else 128, dtype, "plain"))
                 continue
-            rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH and builds(t, k, d, causal=True)]
+            rows = [d for d in (128, 256, 64) if (t, k, d) not in known and builds(t, k, d, causal=True)]
             if rows:
                 heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d, causal=True), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
             # known rows in both extremes: the allocator is not monotone in features (a row can
             # spill plain and not with everything on, or the reverse), and an entry is stale
             # only when neither spills
-            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH
+            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in known
                      for v in ("plain", "all")]
             # the tiles of "short" overrides, with every feature they can meet
             jobs += [CompileJob(t, k, d, dtype, "short") for d in (64, 128, 256) if builds(t, k, d, variant="short")]
@@ -491,7 +515,7 @@ def compile_options(cfg: Dict) -> Dict:
 def triton_version() -> tuple:
     import triton
 
-    return tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
+    return _version_tuple(triton.__version__)
 
 
 def _specialized_source(fn, target, args, kwargs):
@@ -606,7 +630,10 @@ def _compile_one(job: CompileJob) -> CompileResult:
     spec = LAUNCHES[job.kernel]
     call = launch_call(job)
     fn = _kernel(spec)
-    result = CompileResult(job.target, job.kernel, job.name, config=launch_config(spec, call))
+    import triton
+
+    result = CompileResult(job.target, job.kernel, job.name, config=launch_config(spec, call),
+                           triton=triton.__version__)
     target = GPUTarget(backend, arch, warp)
     start = time.perf_counter()
     try:

@@ -39,7 +39,8 @@ def test_job_lists_cover_every_target_and_kernel():
     for j in ci:
         variants.setdefault((j.target, j.kernel, aot._d_pad(j.head_dim)), set()).add(j.variant)
     for (t, k, d), got in variants.items():
-        expect = {"plain"} if k == "preprocess" else {"plain", "all"} if (t, k, d) in aot.KNOWN_SCRATCH else {"all"}
+        known = aot.known_scratch_rows()
+        expect = {"plain"} if k == "preprocess" else {"plain", "all"} if (t, k, d) in known else {"all"}
         # the tile of a "short" override is built with its own variant; entries without one are not
         assert got - {"short"} <= expect and ("short" in got) == aot.builds(t, k, d, variant="short"), (t, k, d, got)
     # the sm90 d128 forward has a "short" override (tables.SHORT_SEQLEN_K): its tile is in the CI subset
@@ -63,6 +64,30 @@ def test_default_config_matches_tables():
             row = next(r for r in TABLES[target] if r["head_dim"] >= aot._d_pad(d))
             assert cfg["BLOCK_M"] == row["fwd"]["BLOCK_M"] and "fp32" not in cfg
             assert bool(set(HIP_ONLY_OPTIONS) & set(cfg)) == (target == "gfx942")
+
+
+def test_triton_version_overrides_are_table_data():
+    """"triton<X.Y" entries apply below X.Y only, before the case overrides; the tuner strips them,
+    and the AOT check builds what the installed version resolves."""
+    from fa_amd import autotune
+    from fa_amd.tuning import resolve_entry
+    from fa_amd.tuning.tables import OVERRIDES, TRITON_OVERRIDES
+
+    entry = {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 2, "triton<3.7": {"num_stages": 1},
+             "triton<3.4": {"BLOCK_N": 32}, "causal": {"BLOCK_M": 64}}
+    assert resolve_entry(entry, triton_version=(3, 9))["num_stages"] == 2
+    assert resolve_entry(entry, triton_version=(3, 6)) == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 1,
+                                                           "RELOAD_CHUNK": 0}
+    assert resolve_entry(entry, causal=True, triton_version=(3, 2)) == {"BLOCK_M": 64, "BLOCK_N": 32,
+                                                                       "num_stages": 1, "RELOAD_CHUNK": 0}
+    assert set(TRITON_OVERRIDES) <= set(OVERRIDES)
+    used = {k for rows in TABLES.values() for row in rows for e in row.values() if isinstance(e, dict)
+            for k in e if k.startswith("triton")}
+    assert used <= set(TRITON_OVERRIDES), used
+    assert "triton<3.7" not in autotune._strip_for(aot._arch_of("gfx942"), TABLES["gfx942"][1]["fwd"])
+    version = aot.triton_version()
+    want = resolve_entry(TABLES["gfx942"][1]["fwd"], triton_version=version)["num_stages"]
+    assert aot.default_config("gfx942", "fwd", 128)["num_stages"] == want == (1 if version < (3, 7) else 2)
 
 
 def _arguments(kernel_fn, call):
@@ -165,6 +190,15 @@ def test_stale_known_scratch_entries_are_flagged(monkeypatch):
     assert aot.stale_known_scratch(results) == ["gfx1100 dq d128"]
     assert not results[3].failed and results[3].is_hip  # a known spill does not fail the check
     assert not aot.stale_known_scratch(results[3:4])
+
+
+def test_known_scratch_before_a_triton_covers_only_older_builds(monkeypatch):
+    monkeypatch.setattr(aot, "KNOWN_SCRATCH_BEFORE", {"triton<3.6": {("gfx1100", "dq", 256): "why"}})
+    old = aot.CompileResult("gfx1100", "dq", "d256-bf16-all", scratch_bytes=40, triton="3.2.0")
+    new = aot.CompileResult("gfx1100", "dq", "d256-bf16-all", scratch_bytes=40, triton="3.6.0")
+    assert aot.known_scratch(old) == "why" and not old.failed
+    assert aot.known_scratch(new) is None and new.failed
+    assert ("gfx1100", "dq", 256) in aot.known_scratch_rows((3, 5)) and not aot.known_scratch_rows((3, 6))
 
 
 def test_rdna_rows_reload_and_nothing_is_exempt():
