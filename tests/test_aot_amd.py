@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from fa_amd import aot
+from fa_amd import aot, aot_launches
 from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, TABLES
 
 FULL = os.environ.get("FA_AMD_AOT_FULL", "0") == "1"
@@ -136,12 +136,12 @@ def test_aot_signatures_are_the_launchers_real_arguments(kernel, variant):
     job = aot.CompileJob("cpu", kernel, 40, "bf16", variant)
     spec = aot.LAUNCHES[kernel]
     expected = aot.launch_call(job)
-    p = aot.Problem.of(job)
+    p = aot_launches.Problem.of(job)
     calls = []
     hooks = dict(spec.hooks)
     if kernel in aot._DKDV_KERNELS:
         hooks["backward.DKDV_HEADS_PER_PROGRAM"] = 1 if p.split else p.group
-    with aot._as_on("cpu", [launch, forward, backward, rotary], hooks, calls):
+    with aot_launches._as_on("cpu", [launch, forward, backward, rotary], hooks, calls):
         if kernel == "rotary":
             from fa_amd.kernels.rotary import apply_rotary_emb
 
@@ -153,7 +153,7 @@ def test_aot_signatures_are_the_launchers_real_arguments(kernel, variant):
         else:
             import fa_amd
 
-            a = aot._attention_inputs(p)
+            a = aot_launches._attention_inputs(p)
             q, k, v = (a[n].requires_grad_() for n in "qkv")
             kw = dict(dropout_p=a["dropout_p"], softmax_scale=a["softmax_scale"], causal=p.right,
                       window_size=(a["window_left"], -1), softcap=a["softcap"], alibi_slopes=a["alibi_slopes"],
