@@ -91,8 +91,12 @@ def test_interpret_set_after_triton_import_says_so():
 
 
 def test_interpret_set_after_fa_amd_import_says_so():
-    res = _python("import os, torch, fa_amd\nos.environ['TRITON_INTERPRET'] = '1'\n" + _CALL)
-    assert "TRITON_INTERPRET=1 was set after fa_amd (and triton) were imported" in res.stdout, res.stdout + res.stderr
+    rotary = ("from fa_amd.kernels.rotary import apply_rotary_emb\ntry:\n    apply_rotary_emb(q, None, q[0, 0], q[0, 0])\n"
+              "except Exception as e:\n    print(type(e).__name__, e)\n")
+    res = _python("import os, torch, fa_amd\nos.environ['TRITON_INTERPRET'] = '1'\n" + _CALL + rotary)
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2, res.stdout + res.stderr
+    assert all("TRITON_INTERPRET=1 was set after fa_amd (and triton) were imported" in line for line in lines)
 
 
 def test_late_interpret_is_checked_on_every_call(monkeypatch, device):
@@ -168,3 +172,15 @@ def test_info_on_the_interpreter_is_consistent(capsys):
     out = capsys.readouterr().out
     assert "backend     interpreter" in out and "interpreter on" in out and "interpreter off" not in out
     assert "bf16: exact" in out
+
+
+@pytest.mark.gpu
+def test_gpu_floor_and_check_all_dtypes():
+    """On a GPU: the installed triton passes the floor for this device, and `fa-amd check` passes in
+    fp16, bf16 and fp32 there."""
+    a = arch.device_arch()
+    assert a.backend in ("hip", "cuda") and arch.TRITON_VERSION >= arch.min_triton(a.name)
+    res = subprocess.run([sys.executable, "-m", "fa_amd.cli", "check", "--dtype", "all"], capture_output=True,
+                         text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert res.returncode == 0 and "all checks passed" in res.stdout, res.stdout + res.stderr
+    assert all(name in res.stdout for name in ("float16", "bfloat16", "float32"))

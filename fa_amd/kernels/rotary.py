@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .launch import next_power_of_2
 
 # ---------------------------------------------------------------------------
@@ -162,6 +163,10 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
         )
     if x.numel() == 0:
         return out
+    if x.device.type == "cpu":  # Triton's interpreter, set up right, or an error that says what is wrong
+        check_interpreter_supported()
+        if not INTERPRET:
+            raise ValueError(cpu_without_interpreter_message("the rotary input"))
 
     half = rotary_dim // 2
     n_pass = head_dim - rotary_dim
