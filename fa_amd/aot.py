@@ -44,7 +44,12 @@ from typing import Any, Callable, Dict, List, Optional
 from .aot_launches import (_DKDV_KERNELS, LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call,
                            launch_config)
 
-AMD_TARGETS = tuple(t for t, (backend, _, _) in TARGETS.items() if backend == "hip")
+# the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
+# them, and the RDNA parts that share the gfx1100 rows (built when named, or with --arch rdna / all)
+DEFAULT_TARGETS = ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "sm80", "sm90")
+AMD_TARGETS = tuple(t for t in DEFAULT_TARGETS if TARGETS[t][0] == "hip")
+RDNA_ALIAS_TARGETS = ("gfx1101", "gfx1102", "gfx1200", "gfx1201")
+_TARGET_GROUPS = {"amd": AMD_TARGETS, "rdna": ("gfx1100",) + RDNA_ALIAS_TARGETS, "all": tuple(TARGETS)}
 # dkdv_atomic: the dK/dV kernel that also accumulates dQ with fp32 atomics (deterministic=False where
 # tables.NONDETERMINISTIC_DQ says "atomic"); dq is then not launched
 # dkdv_fused: the dK/dV kernel whose extra programs compute dQ (FUSED_DQ), built only where the
@@ -184,8 +189,9 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     """Whether the launcher runs this kernel (and variant) on this target: dkdv_fused only where the
     tables fuse, dkdv_atomic only where they choose atomic dQ, "short" only for entries with a "short"
     override, "split" only for the dK/dV kernels, rotary only in its two variants."""
-    from .tuning import bwd_fusable, nondeterministic_dq
+    from .tuning import bwd_fusable, family_of, nondeterministic_dq
 
+    family = family_of(_arch_of(target))
     if kernel == "rotary":
         return variant in ("", "plain", "all")
     if variant == "short":
@@ -193,9 +199,9 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     if variant == "split" and kernel not in _DKDV_KERNELS:
         return False
     if kernel == "dkdv_atomic":
-        return nondeterministic_dq(target) == "atomic"
+        return nondeterministic_dq(family) == "atomic"
     if kernel == "dkdv_fused":
-        return bwd_fusable(target, default_config(target, "dkdv", d_pad, causal),
+        return bwd_fusable(family, default_config(target, "dkdv", d_pad, causal),
                            default_config(target, "dq", d_pad, causal))
     return True
 
@@ -455,15 +461,16 @@ def target_supported(target: str) -> Optional[str]:
     """None if the target is known here, else why not (the installed triton is probed separately)."""
     if target not in TARGETS:
         return f"unknown target {target!r} (choose from {', '.join(TARGETS)})"
+    from .tuning import family_of
     from .tuning.tables import TABLES
 
-    if target not in TABLES:
+    if family_of(_arch_of(target)) not in TABLES:
         return f"no {target} rows in fa_amd/tuning/tables.py"
     return None
 
 
 # targets that older Triton releases may not know; probed with one tiny compile
-_PROBED_TARGETS = ("gfx950",)
+_PROBED_TARGETS = ("gfx950", "gfx1200", "gfx1201")
 
 
 def probe_targets(targets) -> Dict[str, str]:
@@ -616,7 +623,9 @@ def summary_table(results: List[CompileResult]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--arch", nargs="+", default=None, metavar="TARGET",
-                        help=f"targets to build (default: all of {' '.join(TARGETS)}; 'amd' = {' '.join(AMD_TARGETS)})")
+                        help=f"targets to build (default: {' '.join(DEFAULT_TARGETS)}; also {' '.join(RDNA_ALIAS_TARGETS)}; "
+                             f"groups: amd = {' '.join(AMD_TARGETS)}, rdna = gfx1100 and the RDNA parts sharing its "
+                             "rows, all)")
     parser.add_argument("--kernels", nargs="+", default=None, choices=KERNELS,
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
@@ -643,10 +652,11 @@ def run_cli(args) -> int:
         return 1 if any(r.failed for r in results) else 0
     import triton
 
-    targets = [t for name in (args.arch or list(TARGETS)) for t in (AMD_TARGETS if name == "amd" else (name,))]
+    targets = [t for name in (args.arch or DEFAULT_TARGETS) for t in _TARGET_GROUPS.get(name, (name,))]
     for t in targets:
         if t not in TARGETS:
-            print(f"error: unknown target {t!r}; choose from {', '.join(TARGETS)} (or amd)", file=sys.stderr)
+            print(f"error: unknown target {t!r}; choose from {', '.join(TARGETS)} (or {', '.join(_TARGET_GROUPS)})",
+                  file=sys.stderr)
             return 2
     usable = []
     for t in targets:

@@ -25,6 +25,11 @@ TARGETS = {
     "gfx942": ("hip", "gfx942", 64),
     "gfx950": ("hip", "gfx950", 64),
     "gfx1100": ("hip", "gfx1100", 32),
+    # RDNA parts that run the gfx1100 rows (tables.FAMILY_ALIASES): RDNA3 gfx1101/gfx1102, RDNA4 gfx1200/gfx1201
+    "gfx1101": ("hip", "gfx1101", 32),
+    "gfx1102": ("hip", "gfx1102", 32),
+    "gfx1200": ("hip", "gfx1200", 32),
+    "gfx1201": ("hip", "gfx1201", 32),
     "sm80": ("cuda", 80, 32),
     "sm90": ("cuda", 90, 32),
 }
