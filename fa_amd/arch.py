@@ -24,6 +24,9 @@ MIN_INTERPRETER_TRITON = (3, 7)
 # prefix wins).  Checked under each version by the AOT matrix (.ci/aot_matrix.py, docs/AOT.md) for
 # the AMD targets; ROCm PyTorch 2.6 ships triton 3.2.
 MIN_TRITON = (("gfx950", (3, 2)), ("gfx", (3, 2)), ("sm", (3, 2)))
+# Older Tritons build kernels that run correctly but spill registers to scratch (slower) on these
+# GPUs (measured by the AOT matrix, docs/AOT.md): the first launch warns once below this version.
+SPILL_FREE_TRITON = (("gfx11", (3, 6)), ("gfx12", (3, 6)))
 
 
 def _triton_interprets() -> bool:
@@ -153,6 +156,13 @@ def device_arch(device_index: int = 0) -> Arch:
     """The GPU's Arch, once its triton floor is checked (cached: once per process and device)."""
     arch = detect_arch(device_index)
     check_triton_floor(arch)
+    want = next((v for prefix, v in SPILL_FREE_TRITON if arch.name.startswith(prefix)), None)
+    if want and TRITON_VERSION < want:
+        import warnings
+
+        warnings.warn(f"fa_amd: triton {triton.__version__} builds fa_amd's kernels for {arch.name} with register "
+                      f"spills (correct, but slower); triton >= {'.'.join(map(str, want))} builds them spill-free "
+                      "(docs/AOT.md)", stacklevel=2)
     return arch
 
 

@@ -4,6 +4,7 @@ tell the truth about the dtype checked and the backend."""
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -129,6 +130,21 @@ def test_triton_floor_is_checked_once_on_first_launch(monkeypatch):
     finally:
         arch.device_arch.cache_clear()
     assert len(calls) == 1
+
+
+def test_rdna_below_the_spill_free_triton_warns_once(monkeypatch):
+    monkeypatch.setattr(arch, "detect_arch", lambda i=0: arch.Arch("hip", "gfx1100", 32))
+    monkeypatch.setattr(arch, "TRITON_VERSION", (3, 5))
+    arch.device_arch.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"gfx1100 with register spills.*triton >= 3\.6"):
+            arch.device_arch(0)
+        with warnings.catch_warnings(record=True) as again:
+            warnings.simplefilter("always")
+            arch.device_arch(0)  # cached per device: checked and warned once
+        assert not again
+    finally:
+        arch.device_arch.cache_clear()
 
 
 def test_readme_and_pyproject_state_the_floor():
