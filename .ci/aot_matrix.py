@@ -57,6 +57,8 @@ def run_version(version: str, args) -> Path:
     cmd = [python, "-m", "fa_amd.aot", "--arch", *args.arch, "-j", str(args.jobs), "--json", str(out)]
     cmd += ["--full"] if not args.ci else []
     cmd += ["--kernels", *args.kernels] if args.kernels else []
+    cmd += ["--dtypes", *args.dtypes] if args.dtypes else []
+    cmd += ["--variants", *args.variants] if args.variants else []
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TRITON_INTERPRET", None)
     start = time.perf_counter()
@@ -106,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", nargs="+", default=list(AMD_TARGETS), help="targets (default: the AMD ones)")
     parser.add_argument("--kernels", nargs="+", help="kernels (default: fa-amd compile's)")
     parser.add_argument("--ci", action="store_true", help="the CI subset (heaviest variant per kernel), not --full")
+    parser.add_argument("--dtypes", nargs="+", help="with the full sweep: only these dtypes (default: all)")
+    parser.add_argument("--variants", nargs="+", help="with the full sweep: only these feature variants (default: all)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "fa_amd_aot_matrix"),
                         help="folder for the per-version JSON files")

@@ -217,10 +217,10 @@ def _d_pad(head_dim: int) -> int:
     return head_dim_padded(head_dim)
 
 
-def full_jobs(targets, kernels) -> List[CompileJob]:
+def full_jobs(targets, kernels, dtypes=DTYPES, variants=tuple(VARIANTS)) -> List[CompileJob]:
     return [CompileJob(t, k, d, dt, v)
-            for t in targets for k in kernels for d in HEAD_DIMS for dt in DTYPES
-            for v in (VARIANTS if k != "preprocess" else ("plain",))
+            for t in targets for k in kernels for d in HEAD_DIMS for dt in dtypes
+            for v in (variants if k != "preprocess" else ("plain",))
             if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v), v)]
 
 
@@ -630,6 +630,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
                         help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="with --full: dtypes")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="with --full: feature variants")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
                              "fail, scratch is reported: the tuner times candidates and keeps the fastest)")
@@ -672,7 +675,7 @@ def run_cli(args) -> int:
     if args.tune_candidates:
         jobs = [j for j in tune_candidate_jobs(usable) if j.kernel in kernels]
     else:
-        jobs = full_jobs(usable, kernels) if args.full else ci_jobs(usable, kernels)
+        jobs = full_jobs(usable, kernels, args.dtypes, args.variants) if args.full else ci_jobs(usable, kernels)
     # slowest first (large tiles, RDNA) so the parallel tail is short
     jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary"), j.target != "gfx1100", -j.head_dim))
     print(f"triton {triton.__version__}: compiling {len(jobs)} kernel variants for {', '.join(usable)} "
