@@ -67,9 +67,17 @@ DTYPES = ("fp16", "bf16")
 # the d64 atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since
 # 2026-11, with zero scratch (docs/AOT.md).
 KNOWN_SCRATCH: Dict[tuple, str] = {}
-# The same for older Tritons only: {"triton<X.Y": {(target, kernel, table row head_dim): reason}},
+# The same for older Tritons only: {"triton<X.Y": {(table family, kernel, table row head_dim): reason}},
 # covering results compiled by a triton older than X.Y (their measured figures are in docs/AOT.md).
-KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {}
+# gfx1100 (and the RDNA parts that run its rows) before 3.6: the reloading kernels were fitted to
+# 32-bit buffer offsets, which Triton uses on AMD from 3.6; with 64-bit pointer tensors they spill
+# at every tile size (the dQ d256 kernel still spills 1576 B at 16x16, RELOAD_CHUNK 16, triton 3.5).
+_RDNA_BEFORE_3_6 = ("spills under triton < 3.6 at every tile tried (64-bit pointer tensors: no AMD buffer "
+                    "loads before 3.6); correct but slower; docs/AOT.md has the figures")
+KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {
+    "triton<3.6": {("gfx1100", kernel, d): _RDNA_BEFORE_3_6
+                   for kernel in ("fwd", "dkdv", "dkdv_atomic", "dq", "probs") for d in (64, 128, 256)},
+}
 
 
 @dataclass
@@ -123,12 +131,19 @@ class CompileResult:
 def known_scratch(r: "CompileResult") -> Optional[str]:
     """The KNOWN_SCRATCH (or, for the triton that built it, KNOWN_SCRATCH_BEFORE) reason covering
     this result's (target, kernel, table row), if any."""
-    row = (r.target, r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
+    row = (_family(r.target), r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
     version = _version_tuple(r.triton) if r.triton else triton_version()
     for bound, rows in KNOWN_SCRATCH_BEFORE.items():
         if version < _version_tuple(bound.split("<")[1]) and row in rows:
             return rows[row]
     return KNOWN_SCRATCH.get(row)
+
+
+def _family(target: str) -> str:
+    """The table family whose rows a target runs (the RDNA aliases run gfx1100's): known spills are per row."""
+    from .tuning import family_of
+
+    return family_of(_arch_of(target))
 
 
 def known_scratch_rows(version: Optional[tuple] = None) -> Dict[tuple, str]:
