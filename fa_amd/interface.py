@@ -13,8 +13,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
-from .arch import INTERPRET, check_interpreter_supported
+import triton
+
+from . import arch, ops  # the attention op (and registers torch.ops.fa_amd.*)
+from .arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .kernels.launch import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
@@ -52,9 +54,10 @@ def _check_qkv(q, k, v, varlen: bool):
     _check_device("v", v, q)
     check_interpreter_supported()
     if q.device.type == "cpu" and not INTERPRET:
-        raise ValueError(
-            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
-            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+        raise ValueError(cpu_without_interpreter_message("q"))
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and not arch.INTERPRETER_BF16_DOT:
+        raise TypeError(f"q is bfloat16, which triton {triton.__version__}'s interpreter computes wrongly; "
+                        "use float16 or float32 on the CPU")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
     head_dim = q.shape[-1]

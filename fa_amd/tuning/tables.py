@@ -65,8 +65,14 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 # 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
-# The per-case override dicts an entry may hold, in the order they are applied (resolve_entry).
-OVERRIDES = ("causal", "short", "fp32")
+# Per-Triton overrides: an entry may hold "triton<X.Y" dicts, applied when the installed triton is
+# older than X.Y, before the case overrides below (fa_amd.tuning.resolve_entry; broadest bound
+# first, so a narrower one refines it).  Why: older compilers allocate registers differently, and
+# a row that is spill-free under the newest one can spill under them; the AOT matrix
+# (.ci/aot_matrix.py, docs/AOT.md) builds every row under every supported triton.
+TRITON_OVERRIDES = ("triton<3.7", "triton<3.6", "triton<3.5", "triton<3.4", "triton<3.3")
+# The override dicts an entry may hold, in the order they are applied (resolve_entry).
+OVERRIDES = TRITON_OVERRIDES + ("causal", "short", "fp32")
 # A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
 SHORT_SEQLEN_K = 1024
 
@@ -134,9 +140,10 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
+        # triton 3.5 / 3.6 spill the all-features fwd at 2 stages (80 / 36 B); 1 stage: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2, "triton<3.7": {"num_stages": 1}},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -158,9 +165,10 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
+        # triton 3.4 spills the all-features fwd at 2 stages (164 B); 1 stage: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.5": {"num_stages": 1}},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -182,9 +190,10 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
+        # triton 3.6 spills the all-features fwd at 128x32 (36 B); 64x32: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.7": {"BLOCK_M": 64}},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
