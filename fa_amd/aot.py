@@ -334,6 +334,18 @@ def _specialized_source(fn, target, args, kwargs):
     return ASTSource(fn, signature, constexprs, attrs), options, types
 
 
+def bound_arguments(fn, args, kwargs) -> Dict:
+    """Every parameter of `fn[grid](*args, **kwargs)` by name, defaults included (optional features
+    such as Sinks=None, HAS_SINKS=False are left out of the launches that do not use them)."""
+    import inspect
+
+    params = inspect.signature(getattr(fn, "fn", fn)).parameters  # JITFunction or the interpreter's wrapper
+    bound = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    bound.update(zip(fn.arg_names, args))
+    bound.update(kwargs)
+    return bound
+
+
 def _needs_missing_linker(target) -> bool:
     """Triton < 3.5 links HSACO with an external ld.lld (ROCm's); without one, triton.compile fails."""
     if target.backend != "hip" or triton_version() >= (3, 5):
@@ -424,7 +436,7 @@ def _compile_one(job: CompileJob) -> CompileResult:
         src, options, types = _specialized_source(fn, target, call.args, call.kwargs)
         result.signature = types
         constexpr_names = {p.name for p in fn.params if p.is_constexpr}
-        bound = dict(zip(fn.arg_names, call.args), **call.kwargs)
+        bound = bound_arguments(fn, call.args, call.kwargs)
         result.constexprs = {n: _json_value(bound[n]) for n in fn.arg_names if n in constexpr_names}
         asm, result.lds_bytes = _build(src, target, options)
     except Exception as exc:  # report every failure, keep compiling the rest

@@ -96,7 +96,7 @@ def test_triton_version_overrides_are_table_data():
 
 def _arguments(kernel_fn, call):
     """Every argument of a recorded call by parameter name: tensors as (dtype, shape, strides)."""
-    bound = dict(zip(kernel_fn.arg_names, call.args), **call.kwargs)
+    bound = aot.bound_arguments(kernel_fn, call.args, call.kwargs)
     return {name: (x.dtype, tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else x
             for name, x in bound.items()}
 
