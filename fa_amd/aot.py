@@ -176,7 +176,7 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, s
     entry = _table_entry(target, kernel, d_pad)
     if entry is None:  # preprocess: fixed block, default launch options, no switches (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
-    cfg = resolve_entry(entry, causal=causal, short=short)
+    cfg = resolve_entry(entry, causal=causal, short=short, kernel=_TABLE_KERNEL[kernel])
     if TARGETS[target][0] != "hip":
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
