@@ -157,6 +157,9 @@ def warm_all():
           f"({workers} processes)", flush=True)
     for c in checks:
         print(json.dumps(c), flush=True)
+    bad = [f"{c['variant']} d{c['head_dim']}{' causal' if c['causal'] else ''}" for c in checks if not c["ok"]]
+    print(f"gradient checks: {len(checks) - len(bad)}/{len(checks)} within 2x SDPA flash's error + 1e-3"
+          + (f"; FAILED: {', '.join(bad)}" if bad else ""), flush=True)
     return checks
 
 
