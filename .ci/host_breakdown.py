@@ -76,7 +76,7 @@ def launchers():
 
 def bare_function():
     # the public API's autograd.Function, without the interface's checks
-    EagerAttention.apply(q, k, v, (None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False, False)
+    EagerAttention.apply(q, k, v, None, (None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False, False)
                          )[0].backward(dout)
 
 
