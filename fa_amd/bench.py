@@ -6,8 +6,9 @@
     TRITON_INTERPRET=1 fa-amd bench --smoke     # tiny CPU run (CI)
 
 Shapes: head dim 64/128/256, causal and not, seqlen 512..16k holding
-batch*seqlen = 16k tokens and nheads*headdim = 2048; GQA rows (16 q / 4 kv
-heads, d128); varlen rows (16k tokens packed from 17 documents, causal, d128).
+batch*seqlen = 16k tokens and nheads*headdim = 2048 (d96 / d192 at 1k, 4k, 16k:
+2048 // d heads); GQA rows (16 q / 4 kv heads, d128); varlen rows (16k tokens
+packed from 17 documents, causal, d128).  The report adds fa_amd / cuDNN ratios.
 FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
 forward+backward = 3.5x forward.  Each method is timed with CUDA events after
 an L2 flush (triton.testing.do_bench's method), on random inputs, in
@@ -35,6 +36,9 @@ TOKENS = 16384
 HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128, 256)
+# head dims between the table rows (Phi-3's 96, 192): padded to the next row's kernels; fewer lengths
+BETWEEN_HEAD_DIMS = (96, 192)
+BETWEEN_SEQLENS = (1024, 4096, 16384)
 # 17 documents, 64..2048 tokens each, 16384 in total (a packed pre-training batch)
 VARLEN_DOCS = (64, 2048, 512, 1536, 128, 2048, 768, 256, 2048, 1024, 96, 1408, 160, 2048, 352, 1024, 864)
 assert sum(VARLEN_DOCS) == TOKENS and len(VARLEN_DOCS) == 17
@@ -102,6 +106,9 @@ def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[in
     dims = [d for d in dims if head_dims is None or d in head_dims]
     out = [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal)
            for d in dims for causal in (False, True) for s in seqlens]
+    if not quick:
+        out += [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal) for d in BETWEEN_HEAD_DIMS
+                if head_dims is None or d in head_dims for causal in (False, True) for s in BETWEEN_SEQLENS]
     if 128 in dims:
         gqa_seqlens = (4096,) if quick else (2048, 8192)
         out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
@@ -655,6 +662,12 @@ def _cell(r: Optional[Result]) -> str:
     return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
 
 
+def _ratio(ours: Optional[Result], theirs: Optional[Result]) -> str:
+    if ours is None or theirs is None or not ours.tflops or not theirs.tflops:
+        return "n/a"
+    return f"{ours.tflops / theirs.tflops:.2f}x"
+
+
 def markdown_tables(results: List[Result]) -> str:
     route_lines = sdpa_route_table(results)
     results = [r for r in results if r.kind != SDPA_ROUTE_KIND]
@@ -662,11 +675,17 @@ def markdown_tables(results: List[Result]) -> str:
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
     out = []
+    # fa_amd's ratio to cuDNN (the rival SDPA picks on Hopper), where both ran
+    ratio = "fa_amd" in methods and "sdpa_cudnn" in methods
     for mode in ("fwd", "fwd+bwd"):
         out += [f"\n### {'Forward' if mode == 'fwd' else 'Forward + backward'} (TFLOP/s)\n",
-                "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+                "| shape | " + " | ".join(methods) + (" | vs cuDNN" if ratio else "") + " |",
+                "|---" * (len(methods) + 1 + ratio) + "|"]
         for label in labels:
-            out.append(f"| {label} | " + " | ".join(_cell(idx.get((label, m, mode))) for m in methods) + " |")
+            cells = [_cell(idx.get((label, m, mode))) for m in methods]
+            if ratio:
+                cells.append(_ratio(idx.get((label, "fa_amd", mode)), idx.get((label, "sdpa_cudnn", mode))))
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
     # memory: fwd+bwd peak, relative to eager where eager ran
     out += ["\n### Peak memory of one forward + backward (MiB; x = relative to eager)\n",
             "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
@@ -742,7 +761,8 @@ def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
         "# Performance", "",
         f"Measured by `fa-amd bench` on **{env.get('gpu')}** ({env.get('arch')}, {env.get('runtime', '')}), "
         f"torch {env['torch']}, triton {env['triton']}, dtype {payload['dtype']}, {env['date']}.", "",
-        f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN}; GQA rows use 16 query "
+        f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN} ({HIDDEN} // d heads "
+        f"at d{' / d'.join(map(str, BETWEEN_HEAD_DIMS))}); GQA rows use 16 query "
         f"/ 4 KV heads at d128; the varlen row packs {len(VARLEN_DOCS)} documents of 64..2048 tokens "
         f"({TOKENS} tokens, causal). FLOPs: forward 4*b*h*sq*sk*d, halved for causal, summed per document for "
         "varlen; forward+backward counts 3.5x the forward. " + _timing_sentence(payload) + " "
@@ -814,7 +834,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"interleaved timing rounds per shape (default {ROUNDS}; 1 with --smoke); each "
                              f"(method, mode) reports its median round of {ROUND_REP_MS} ms of calls")
-    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS + BETWEEN_HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
     parser.add_argument("--no-sdpa-route", action="store_true",

@@ -125,11 +125,15 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The custom op's forward and backward without its dispatch (eager mode only)."""
+    """The custom op's forward and backward without its dispatch (eager mode only).  Takes
+    (q, k, v, sinks or None, rest), rest = attention_fwd's arguments 4..16 as one tuple: the autograd
+    machinery then handles 5 inputs and gradients instead of 16-17 (~25 us less host time per
+    forward+backward on a 2-core CI CPU, kernels stubbed; docs/TUNING_NOTES.md v9)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        # input 15, `deterministic`, is for the backward; 16 (optional) is `sinks`
+    def forward(ctx, q, k, v, sinks, rest):
+        # rest[-1], `deterministic`, is for the backward
+        inputs = (q, k, v, *rest) + ((sinks,) if sinks is not None else ())
         output = attention_forward(*inputs[:15], *inputs[16:])
         _setup_context(ctx, inputs, output)
         ctx.set_materialize_grads(False)  # the backward ignores the lse / probs grads: no zero tensors
@@ -137,9 +141,10 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
-        if dout is None:  # only lse / probs were used: no gradient flows to q, k, v
-            return (None,) * ctx.num_inputs
-        return _backward_with(_backward_impl, ctx, dout)
+        if dout is None:  # only lse / probs were used: no gradient flows to q, k, v (or sinks)
+            return None, None, None, None, None
+        grads = _backward_with(_backward_impl, ctx, dout)
+        return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 
 
 def attention(*inputs):
@@ -153,7 +158,7 @@ def attention(*inputs):
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                          or (sinks is not None and sinks.requires_grad))):
         return attention_forward(*inputs[:15], *inputs[16:])  # inference: nothing to save, no autograd node
-    return EagerAttention.apply(*inputs)
+    return EagerAttention.apply(q, k, v, sinks, inputs[3:16])
 
 
 def _traced(q: Tensor) -> bool:

@@ -137,8 +137,11 @@ def test_flop_counts():
     assert varlen.fwd_flops() == sum(4 * n * n * 16 * 128 for n in docs) / 2
     full = bench.shapes()
     dense_rows = [s for s in full if s.kind == "dense"]
-    assert all(s.batch * s.seqlen == bench.TOKENS and s.heads_q * s.head_dim == bench.HIDDEN for s in dense_rows)
-    assert {s.seqlen for s in dense_rows} == set(bench.SEQLENS) and {s.head_dim for s in dense_rows} == {64, 128, 256}
+    # (head dims between the table rows, d96 / d192, hold HIDDEN // d heads)
+    assert all(s.batch * s.seqlen == bench.TOKENS and s.heads_q == bench.HIDDEN // s.head_dim for s in dense_rows)
+    assert {s.seqlen for s in dense_rows} == set(bench.SEQLENS)
+    assert {s.head_dim for s in dense_rows} == {64, 96, 128, 192, 256}
+    assert {s.seqlen for s in dense_rows if s.head_dim in (96, 192)} == set(bench.BETWEEN_SEQLENS)
     assert any(s.kind == "gqa" for s in full)
     (v,) = [s for s in full if s.kind == "varlen"]
     assert sum(v.doc_lens) == bench.TOKENS and len(v.doc_lens) == 17 and min(v.doc_lens) >= 64

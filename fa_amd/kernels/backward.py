@@ -75,7 +75,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if RELOAD_CHUNK:
@@ -116,27 +117,33 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                             softcap_log2, slope_log2, win_left, win_right,
                             MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
         pT = tl.exp2(sT - (lse * LOG2E)[None, :])
+        # (WANT_DK / WANT_DV: which accumulators this program holds; both but in DKDV_SPLIT programs)
         if RELOAD_CHUNK:
-            dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows, q_row_ok,
-                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            if WANT_DK:
+                dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows,
+                                  q_row_ok, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
             do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
-        else:
+        elif WANT_DK:
             dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
-            dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-            dpT = tl.where(keep, dpT * keep_scale, 0.0)
-        else:
+            if WANT_DV:
+                dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv,
+                            input_precision=INPUT_PRECISION)
+            if WANT_DK:
+                dpT = tl.where(keep, dpT * keep_scale, 0.0)
+        elif WANT_DV:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        if IS_SOFTCAP:
-            dsT = dsT * (1.0 - tT * tT)
-        if RELOAD_CHUNK:
-            q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
-            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        else:
-            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
-        if ATOMIC_DQ:
+        if WANT_DK:
+            dsT = pT * (dpT - delta[None, :])
+            if IS_SOFTCAP:
+                dsT = dsT * (1.0 - tT * tT)
+            if RELOAD_CHUNK:
+                q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+                dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+            else:
+                dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ and WANT_DK:
             # non-deterministic fast path: dQ from the same dS tile, summed with
             # fp32 atomics instead of a second pass that recomputes S and dP
             if RELOAD_CHUNK:
@@ -153,7 +160,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(
+def _dkdv_program(
     Q, K, V, DO, Lse, Delta, DK, DV, DQ,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
@@ -171,35 +178,15 @@ def attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
     pid_h = tl.program_id(1)
     hk = pid_h * heads_per_prog // GROUP
     b = tl.program_id(2)
-    if FUSED_DQ:
-        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
-        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
-        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
-        n_kv_programs = tl.cdiv(seqlen_k, BLOCK_N)
-        if pid_n >= n_kv_programs:
-            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
-            j = pid_n - n_kv_programs
-            g = j // n_q_blocks
-            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
-                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
-                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
-                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
-                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
-                        RELOAD_CHUNK)
-            return
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
@@ -248,31 +235,121 @@ def attn_bwd_dkdv_kernel(
                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                      sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
     dk = dk * sm_scale
     if ATOMIC_DKDV:
         # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
-        tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
-                      + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
-        tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
-                      + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
+        if WANT_DK:
+            tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+                          + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
+        if WANT_DV:
+            tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+                          + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
     else:
-        tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
-                 + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
-                 + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        if WANT_DK:
+            tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
+                     + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        if WANT_DV:
+            tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
+                     + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    DKDV_SPLIT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    b = tl.program_id(2)
+    n_kv_blocks = tl.cdiv(seqlen_k, BLOCK_N)
+    if FUSED_DQ:
+        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
+        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
+        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
+        n_kv_programs = n_kv_blocks * (2 if DKDV_SPLIT else 1)
+        if pid_n >= n_kv_programs:
+            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
+            j = pid_n - n_kv_programs
+            g = j // n_q_blocks
+            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
+                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
+                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
+                        RELOAD_CHUNK)
+            return
+    if DKDV_SPLIT:
+        # dK and dV from separate programs (dK: key blocks [0, n_kv_blocks), dV: the next n_kv_blocks),
+        # each holding one [BLOCK_N, D_PAD] fp32 accumulator instead of two: half the registers, for
+        # S = K Q^T computed twice (5 matmuls per tile pair instead of 4).  At d256 that lets 8 warps
+        # take 128-key tiles (a 64-key S tile under 8 warps is computed twice on sm90 anyway).
+        if pid_n < n_kv_blocks:
+            _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                          stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                          stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                          stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                          Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                          GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                          IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False)
+        else:
+            _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                          stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                          stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                          stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                          Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                          GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                          IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True)
+    else:
+        _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                      stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                      Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                      qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                      GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                      IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True)
 
 
 @triton.jit
@@ -558,8 +635,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
             dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
 
-        def grid0(cfg):
-            return cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
+        def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
+            return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
 
         launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,

@@ -260,8 +260,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     out = new_output(q, q.shape)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
-    probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
-    probs = q.new_zeros(probs_shape)
+    # (empty unless asked for: no zero-fill dispatch per call)
+    probs = q.new_zeros((batch, hq, max_seqlen_q, max_seqlen_k)) if return_probs else q.new_empty((0,))
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         return out, lse, probs
     d_pad = head_dim_padded(d)

@@ -3,11 +3,11 @@ optionally overridden by a tuned table on disk (fa_amd.tuning.tuned_table, writt
 fa_amd.autotune)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 from ..arch import TRITON_VERSION, Arch
 from . import tables, tuned_table
-from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
+from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, SWITCH_KERNELS, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
 
@@ -30,18 +30,26 @@ def _overrides():
     return tuned_table.load_tuned_table()  # reads a json file only when present
 
 
+def switches_of(kernel: Optional[str]) -> Dict:
+    """The kernel switches (name -> default) the table kernel `kernel` ("fwd", "dkdv", ...) takes;
+    every switch for None."""
+    return {name: default for name, default in KERNEL_SWITCHES.items()
+            if kernel is None or kernel in SWITCH_KERNELS.get(name, (kernel,))}
+
+
 def _triton_bound(name: str) -> tuple:
     """"triton<3.6" -> (3, 6)."""
     return tuple(int(p) for p in name.split("<")[1].split("."))
 
 
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False,
-                  triton_version: tuple = None) -> Dict:
+                  kernel: Optional[str] = None, triton_version: tuple = None) -> Dict:
     """A table entry as a launch dict: its "triton<X.Y" overrides whose bound is above the
     installed triton (tables.TRITON_OVERRIDES; `triton_version` overrides the installed one), then
     its "causal" override for causal (or right-windowed) attention, its "short" override for
     launches with at most tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32
-    inputs, and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set."""
+    inputs, and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set -- of
+    the switches the table kernel `kernel` takes (tables.SWITCH_KERNELS) when it is given."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
     version = triton_version or TRITON_VERSION
     for name in tables.TRITON_OVERRIDES:
@@ -50,7 +58,12 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
-    for name, default in KERNEL_SWITCHES.items():
+    switches = switches_of(kernel)
+    foreign = sorted(k for k in cfg if k in KERNEL_SWITCHES and k not in switches)
+    if foreign:
+        raise ValueError(f"the {kernel!r} kernel takes no {', '.join(foreign)} (tables.SWITCH_KERNELS); "
+                         f"fix its table entry {entry}")
+    for name, default in switches.items():
         cfg.setdefault(name, default)
     return cfg
 
@@ -100,7 +113,7 @@ def is_short(max_seqlen_k: int) -> bool:
 
 def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
              short: bool = False) -> Dict:
-    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short)
+    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short, kernel)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
@@ -155,9 +168,10 @@ def nondeterministic_dq(family: str) -> str:
 
 def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
     """Whether the dQ programs run in the dK/dV launch: the family fuses (tables.FUSED_DQ_FAMILIES)
-    and both launch dicts agree on everything but their tiles (warps, stages, HIP options, switches)."""
+    and both launch dicts agree on everything but their tiles and the switches of one kernel only
+    (warps, stages, HIP options, shared switches)."""
     def rest(cfg):
-        return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+        return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N") and k not in SWITCH_KERNELS}
     return family in tables.FUSED_DQ_FAMILIES and rest(dkdv_cfg) == rest(dq_cfg)
 
 

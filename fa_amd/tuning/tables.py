@@ -278,7 +278,14 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   RELOAD_CHUNK: 0 keeps the kernels' loop-invariant d-wide dot operands in
 #   registers; N > 0 reloads them from memory per block and reduces the head dim
 #   N columns at a time (fa_amd/kernels/forward.py, backward.py) -- for register-bound RDNA.
-KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
+#   DKDV_SPLIT (dK/dV kernel only): 1 computes dK and dV in separate programs of one launch, each
+#   holding one [BLOCK_N, D] fp32 accumulator instead of two (S is computed by both: 5 matmuls per
+#   tile pair instead of 4); for register-bound head dims (d256), where it lets 8 warps take
+#   128-key tiles.  Off everywhere until timed (.ci/d256_ab.py, docs/TUNING_NOTES.md v9).
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0}
+# Switches that only some kernels take, with the table kernels whose launch dicts carry them
+# (the others never see them: an entry that sets one is an error); unlisted switches: every kernel.
+SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic")}
 
 
 # --------------------------------------------------------------------------- decode (kernels/decode.py)
