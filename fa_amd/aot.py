@@ -250,7 +250,7 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
 # --------------------------------------------------------------------------- compiling (worker side)
 
 _POINTER_DTYPE = {"Lse": "*fp32", "Delta": "*fp32", "Alibi": "*fp32", "SeedState": "*i64",
-                  "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+                  "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "NanFlags": "*i32"}
 _IO_TENSORS = ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "Probs")
 _FLOAT_SCALARS = ("qk_scale_log2", "softcap_div", "softcap_log2", "keep_scale", "sm_scale")
 # pointers and these ints are multiples of 16 in every real launch (contiguous
