@@ -22,6 +22,9 @@ from .memo import memo_per_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+# the kernels compute scores in float32 log2 units (softmax_scale * log2(e), softcap * log2(e))
+_FLOAT32_MAX = 3.4028234663852886e38
+_LOG2E = 1.4426950408889634
 # cu_seqlens values are checked on the host (one small device->host copy per
 # call) unless this is "0" or the call is being traced by torch.compile.
 _CHECK_VARLEN = os.environ.get("FA_AMD_CHECK_VARLEN", "1") != "0"
@@ -131,7 +134,26 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap >= 0.0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
+    _check_float32_range(float(softmax_scale), float(softcap))
     return float(dropout_p), float(softmax_scale), int(left), int(right), float(softcap)
+
+
+def _check_float32_range(softmax_scale: float, softcap: float):
+    """The factors the kernels multiply raw q.k scores by must be float32 numbers: without softcap,
+    softmax_scale * log2(e); with it, softmax_scale / softcap and softcap * log2(e).  (Past that the
+    score of every nonzero q.k overflows; a softcapped score is bounded by softcap, so a huge scale
+    is fine there.)"""
+    if softcap > 0.0:
+        if softcap * _LOG2E >= _FLOAT32_MAX:
+            raise ValueError(f"softcap = {softcap} overflows the kernels' float32 scores; it must be below "
+                             f"{_FLOAT32_MAX / _LOG2E:.3g}")
+        if abs(softmax_scale) / softcap >= _FLOAT32_MAX:
+            raise ValueError(f"softmax_scale / softcap = {softmax_scale} / {softcap} overflows float32 (the kernels "
+                             f"compute softcap * tanh(q.k * softmax_scale / softcap) in float32)")
+    elif abs(softmax_scale) * _LOG2E >= _FLOAT32_MAX:
+        raise ValueError(f"softmax_scale = {softmax_scale} overflows the kernels' float32 scores "
+                         f"(softmax_scale * log2(e) must be below the float32 maximum, so |softmax_scale| < "
+                         f"{_FLOAT32_MAX / _LOG2E:.3g})")
 
 
 def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
@@ -149,6 +171,15 @@ def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
 
 
 def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
+    """cu (made contiguous: the kernels read it as such) after checking it as the `name` argument.
+
+    Its values (starts at 0, non-decreasing, within the `total` tokens, no segment longer than
+    max_seqlen) are checked on the host, once per tensor and version (fa_amd.memo: every layer
+    passes the same tensor), unless FA_AMD_CHECK_VARLEN=0 or torch.compile is tracing.  The memo
+    also compares a CPU tensor's contents (numpy views write them without bumping the version);
+    a write to a GPU tensor that bypasses its version counter (DLPack, `.data`) is not seen.
+    Memory safety never rests on this check: the kernels clamp every segment into the packed
+    tensors (kernels/score_mods.seq_bounds), so bad values give wrong numbers, never a crash."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -161,9 +192,9 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
     if max_seqlen < 0:
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
-        return
+        return cu.contiguous()
     if cu.is_cuda and torch.cuda.is_current_stream_capturing():
-        return  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
+        return cu.contiguous()  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
     # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
     first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:
@@ -174,6 +205,11 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
     if max_len > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
+    return cu.contiguous()
+
+
+# for the Transformers glue, which checks packed boundaries under its users' argument names
+check_cu_seqlens = _check_cu_seqlens
 
 
 def _check_sinks(sinks, s_aux, q, nheads: int):
@@ -285,6 +321,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     multiple of 16) and sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of
     its pages.  seqused_k (batch,) int32: only the first seqused_k[b] keys of sequence b are used.
     Both are forward-only (as in flash-attn) and run the split-KV decode kernel (fa_amd.kvcache).
+    Tokens past cu_seqlens_q[-1] / cu_seqlens_k[-1] (a static buffer longer than the batch, e.g.
+    for CUDA graphs) belong to no sequence: their output and gradients are 0 and their lse +inf.
     sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
     """
     if block_table is not None or seqused_k is not None:
@@ -294,14 +332,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
+    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     batch = cu_seqlens_q.numel() - 1
-    if batch > MAX_GRID_YZ:
-        raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
+    if batch + 1 > MAX_GRID_YZ:  # one more program row writes the tokens past cu_seqlens_q[-1]
+        raise ValueError(f"at most {MAX_GRID_YZ - 1} sequences per varlen call are supported, got {batch}")
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
     sinks = _check_sinks(sinks, s_aux, q, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))

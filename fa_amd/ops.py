@@ -13,6 +13,13 @@ were bound by the CPU (docs/TUNING_NOTES.md v6).  Both paths run the same
 `attention_forward` / `_backward_impl`, save the same tensors, and CUDA graphs
 capture either.
 
+Double backward (a gradient of these gradients, e.g. a gradient penalty through
+torch.autograd.grad(..., create_graph=True)) is not supported, as in flash-attn:
+the backward is once-differentiable.  Under create_graph the gradients stay on
+the graph through a node whose own backward raises a RuntimeError that says so
+(PyTorch's once_differentiable convention, with fa_amd's message), on the eager
+path and the custom-op path alike; used as plain values they are fine.
+
 Arguments arrive already validated and normalized by fa_amd.interface:
 window (-1 = unbounded, causal already folded into window_right=0), a float
 softmax_scale, and `rng_state` (int64[2] on the device, drawn from torch's
@@ -94,6 +101,35 @@ def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlen
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
+DOUBLE_BACKWARD_ERROR = (
+    "fa_amd attention does not support double backward (differentiating its gradients again, e.g. a "
+    "gradient penalty after torch.autograd.grad(..., create_graph=True)): its backward is once-differentiable, "
+    "as in flash-attn. Use attn_implementation='eager' or 'sdpa' (or fa_amd.reference.attention_ref) for the "
+    "second-order term.")
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError(DOUBLE_BACKWARD_ERROR)
+
+
+# the custom-op path (torch.compile, or torch.ops.fa_amd.* called directly): the backward op's own
+# gradient is an error, never a silent zero
+attention_bwd.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+class _OnceDifferentiableGrads(torch.autograd.Function):
+    """The eager backward under create_graph=True: the same gradients, attached to the graph
+    through this node, whose backward raises instead of treating them as constants."""
+
+    @staticmethod
+    def forward(ctx, dout, q, k, v, out, lse, *rest):
+        return _backward_impl(dout, q, k, v, out, lse, *rest)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_ERROR)
+
+
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
      window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs, deterministic) = inputs[:16]
@@ -143,7 +179,9 @@ class EagerAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse, _dprobs):
         if dout is None:  # only lse / probs were used: no gradient flows to q, k, v (or sinks)
             return None, None, None, None, None
-        grads = _backward_with(_backward_impl, ctx, dout)
+        # create_graph=True: the gradients must not pass for constants (their backward raises)
+        bwd = _OnceDifferentiableGrads.apply if torch.is_grad_enabled() else _backward_impl
+        grads = _backward_with(bwd, ctx, dout)
         return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 
 

@@ -171,7 +171,40 @@ def _as_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> torch.T
         cu = torch.as_tensor(cu)
     if cu.ndim != 1 or cu.numel() < 2:
         raise ValueError(f"{name} must be a 1D tensor of batch + 1 offsets, got shape {tuple(cu.shape)}")
+    if cu.is_floating_point() or cu.is_complex() or cu.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer offsets, got {cu.dtype}")
     return cu.to(device=device, dtype=torch.int32)
+
+
+def _packed_bounds(name: str, cu, max_name: str, max_length, tokens: int, query: torch.Tensor):
+    """(cu_seqlens int32, max_seqlen int) from packed-sequence kwargs, checked under the names the
+    caller used (cu_seq_lens_q, max_length_q): starts at 0, non-decreasing, at most `tokens`, no
+    segment longer than max_length.  Tokens past the last boundary belong to no sequence (static
+    buffers): their attention output is 0, as in fa_amd's varlen functions."""
+    from fa_amd.interface import check_cu_seqlens
+
+    cu = _as_cu_seqlens(cu, name, query.device)
+    max_seqlen = _as_int(max_length, max_name)
+    return check_cu_seqlens(name, cu, tokens, max_seqlen, max_name, query), max_seqlen
+
+
+def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
+                       query_length: Optional[int] = None) -> None:
+    """A 2D padding mask must be (batch, key length); for causal self-attention (query_length
+    given) the key length covers at least the query tokens (more with a cache: past + new
+    tokens).  Anything else raises, naming attention_mask: a wrong-batch or too-short mask must
+    never be cropped, broadcast or dropped silently."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
+        return
+    if attention_mask.shape[0] != batch_size:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the input has batch size {batch_size}; "
+            f"a 2D attention_mask must be (batch, key length)")
+    if query_length is not None and attention_mask.shape[1] < query_length:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[1]} key positions for "
+            f"{query_length} input tokens; a 2D attention_mask must be (batch, key length), the key length "
+            f"covering every input token (plus the cached ones)")
 
 
 def _unpad_from_mask(mask: torch.Tensor):
@@ -203,7 +236,9 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
     Returns (cu_seqlens int32, max_seqlen python int).
     """
     flat = position_ids.reshape(-1)
-    starts = (flat == flat.min()).nonzero().view(-1).to(torch.int32)
+    is_start = flat == flat.min()
+    is_start[0] = True  # a row that opens mid-sequence (positions 3, 4, 0, 1, ...) still starts a segment
+    starts = is_start.nonzero().view(-1).to(torch.int32)
     cu_seqlens = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
     max_seqlen = int(cu_seqlens.diff().max().item())
     return cu_seqlens, max_seqlen
@@ -309,20 +344,34 @@ def fa_amd_attention_forward(
             raise ValueError(
                 "packed sequences need all of cu_seq_lens_q, cu_seq_lens_k, max_length_q and max_length_k"
             )
-        cu_q = _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device)
-        cu_k = cu_q if cu_seq_lens_k is cu_seq_lens_q else _as_cu_seqlens(cu_seq_lens_k, "cu_seq_lens_k", query.device)
+        # checked here under the kwargs' own names (the varlen call would say cu_seqlens_q)
+        cu_q, max_q = _packed_bounds("cu_seq_lens_q", cu_seq_lens_q, "max_length_q", max_length_q,
+                                     batch_size * query_length, query)
+        if cu_seq_lens_k is cu_seq_lens_q:
+            cu_k = cu_q
+            max_k = _as_int(max_length_k, "max_length_k")
+        else:
+            cu_k, max_k = _packed_bounds("cu_seq_lens_k", cu_seq_lens_k, "max_length_k", max_length_k,
+                                         key.shape[0] * key.shape[1], query)
+        if cu_q.shape != cu_k.shape:
+            raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k must have the same length (sequences + 1), got "
+                             f"{cu_q.numel()} and {cu_k.numel()}")
         out = flash_attn_varlen_func(
             query.reshape(-1, *query.shape[2:]),
             key.reshape(-1, *key.shape[2:]),
             value.reshape(-1, *value.shape[2:]),
             cu_q,
             cu_k,
-            _as_int(max_length_q, "max_length_q"),
-            _as_int(max_length_k, "max_length_k"),
+            max_q,
+            max_k,
             **common,
         )
         out = out.view(batch_size, -1, *out.shape[-2:])
     elif _is_packed(position_ids, batch_size):
+        if position_ids.numel() != query_length:
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
+                "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
         # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
         cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
         out = flash_attn_varlen_func(
@@ -466,9 +515,9 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
 
 def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common):
     batch_size, query_length = query.shape[:2]
+    # self-attention: the queries are the last query_length mask columns (below)
+    check_padding_mask(attention_mask, batch_size, query_length if common["causal"] else None)
     mask = attention_mask.to(device=query.device, dtype=torch.bool)
-    if mask.shape[0] != batch_size:
-        raise ValueError(f"attention_mask batch {mask.shape[0]} does not match the query batch {batch_size}")
     # A static cache hands over its whole buffer: the mask says how much of it is filled.
     if key.shape[1] > mask.shape[1]:
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
@@ -536,6 +585,8 @@ def fa_amd_attention_mask(
     # Only causal (decoder self-attention) masks can face a static cache; a
     # bidirectional call with more keys than queries is cross-attention.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
+    # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
+    check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
     if attention_mask is None and building_causal and kv_length > q_length:
         filled = q_offset + q_length
         if isinstance(filled, torch.Tensor) and isinstance(kv_offset, int) and kv_offset == 0:

@@ -24,10 +24,11 @@ import triton.language as tl
 from ..arch import arch_for, num_sms
 from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges
+from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
 from .launch import cdiv, grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, \
     row_strides, score_args, shape_info
-from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, sink_grad_rows
+from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
+    sink_grad_rows, tail_start
 
 
 @triton.jit
@@ -35,7 +36,7 @@ def bwd_preprocess_kernel(
     Out, DO, Delta, cu_seqlens_q, seqlen_q,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, total_q,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     Lse=None, Sinks=None, DSinksPart=None, HAS_SINKS: tl.constexpr = False,
 ):
@@ -45,7 +46,7 @@ def bwd_preprocess_kernel(
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -173,6 +174,7 @@ def _dkdv_program(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
     GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -187,7 +189,8 @@ def _dkdv_program(
     pid_h = tl.program_id(1)
     hk = pid_h * heads_per_prog // GROUP
     b = tl.program_id(2)
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
         return
@@ -280,6 +283,7 @@ def attn_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
     GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -306,11 +310,23 @@ def attn_bwd_dkdv_kernel(
                         stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                         stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                         Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                         GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
                         tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
                         IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
                         RELOAD_CHUNK)
+            return
+    if IS_VARLEN:
+        if b == tl.num_programs(2) - 1:
+            # the extra program row: keys past cu_seqlens_k[-1] (static buffers) get dK = dV = 0
+            # (ATOMIC_DKDV adds into fp32 buffers that start at zero)
+            if not ATOMIC_DKDV:
+                n_kv_programs = n_kv_blocks * (2 if DKDV_SPLIT else 1)  # the fused dQ ones returned above
+                tail = tail_start(cu_seqlens_k, b, total_k)
+                zero_rows(DK + tail.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh, stride_dkn,
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
+                zero_rows(DV + tail.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh, stride_dvn,
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
             return
     if DKDV_SPLIT:
         # dK and dV from separate programs (dK: key blocks [0, n_kv_blocks), dV: the next n_kv_blocks),
@@ -324,7 +340,7 @@ def attn_bwd_dkdv_kernel(
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                           stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                           Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False)
@@ -335,7 +351,7 @@ def attn_bwd_dkdv_kernel(
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                           stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                           Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True)
@@ -346,7 +362,7 @@ def attn_bwd_dkdv_kernel(
                       stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                       stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                       Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                      qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                      qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                       INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True)
@@ -417,7 +433,7 @@ def _dq_program(
     stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
     GROUP, pid_m, h, b, num_heads, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -425,7 +441,15 @@ def _dq_program(
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees."""
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if b == tl.num_programs(2) - 1:
+            # the extra program row: query tokens past cu_seqlens_q[-1] get dQ = 0
+            tail = tail_start(cu_seqlens_q, b, total_q)
+            zero_rows(DQ + tail.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh, stride_dqm, total_q - tail,
+                      pid_m, tl.cdiv(seqlen_q, BLOCK_M), HEAD_DIM, D_PAD, BLOCK_M)
+            return
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -501,6 +525,7 @@ def attn_bwd_dq_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -512,7 +537,7 @@ def attn_bwd_dq_kernel(
                 stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                 stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                 Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                 GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
                 tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
                 HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
@@ -589,7 +614,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = new_output(lse, lse.shape)
-    common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
         sink_args = {}
@@ -599,7 +624,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         bwd_preprocess_kernel[(cdiv(max_seqlen_q, pre_block), hq, batch)](
             out, dout, delta, cu_q, seqlen_q,
             *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen),
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen, **sink_args,
+            total_q=common["total_q"], HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen, **sink_args,
         )
         if sinks is not None:
             dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
@@ -638,7 +663,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
             return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
 
-        launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
+        # varlen: one more program row (batch index `batch`) zeroes the rows past cu_seqlens[-1]
+        launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch + varlen), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
@@ -652,10 +678,13 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             slices = group // per_program
             dk.copy_(dk_out.unflatten(-2, (hk, slices)).sum(-2))
             dv.copy_(dv_out.unflatten(-2, (hk, slices)).sum(-2))
+    else:  # no key is in a sequence: every key token (e.g. past cu_seqlens_k[-1]) gets dK = dV = 0
+        dk.zero_()
+        dv.zero_()
     if atomic_dq:
         dq.copy_(dq_accum)
     elif max_seqlen_q > 0 and not fused:
-        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))

@@ -99,3 +99,17 @@ def load_row_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.
     else:
         tile = tl.load(ptrs)
     return tile
+
+
+@triton.jit
+def zero_rows(Base, stride_row, n_rows, first_block, num_blocks,
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Zero rows [0, n_rows) of a [rows, HEAD_DIM] view (row stride stride_row): this program takes
+    row blocks first_block, first_block + num_blocks, ...  Row bases are int64: n_rows (the tokens
+    past the last varlen segment) is not bounded by max_seqlen."""
+    offs = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D_PAD)
+    zeros = tl.zeros([BLOCK, D_PAD], dtype=Base.dtype.element_ty)
+    for r0 in range(first_block * BLOCK, n_rows, num_blocks * BLOCK):
+        tl.store(Base + tl.cast(r0, tl.int64) * stride_row + offs[:, None] * stride_row + offs_d[None, :], zeros,
+                 mask=((r0 + offs[:, None]) < n_rows) & (offs_d[None, :] < HEAD_DIM))

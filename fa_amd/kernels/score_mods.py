@@ -28,14 +28,17 @@ PHILOX_ROUNDS = tl.constexpr(7)
 
 
 @triton.jit
-def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
+def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k, IS_VARLEN: tl.constexpr):
     """(q_start, q_len, k_start, k_len) of sequence `b`: dense is varlen with
-    implicit offsets, so one kernel serves both layouts."""
+    implicit offsets, so one kernel serves both layouts.
+
+    Varlen bounds are clamped into the packed tensors (total_q / total_k tokens) and to
+    max_seqlen (seqlen_q / seqlen_k), so no cu_seqlens content -- decreasing, negative, past
+    the end, validated on the host or not -- moves a load or store outside q, k, v, the
+    outputs or lse, nor past the 32-bit in-sequence offsets the entry points checked."""
     if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        q_len = tl.load(cu_seqlens_q + b + 1) - q_start
-        k_start = tl.load(cu_seqlens_k + b)
-        k_len = tl.load(cu_seqlens_k + b + 1) - k_start
+        q_start, q_len = clamped_segment(cu_seqlens_q, b, seqlen_q, total_q)
+        k_start, k_len = clamped_segment(cu_seqlens_k, b, seqlen_k, total_k)
     else:
         q_start = b * 0
         q_len = b * 0 + seqlen_q
@@ -45,11 +48,40 @@ def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN: tl.
 
 
 @triton.jit
+def clamped_segment(cu_seqlens, b, max_len, total):
+    """(start, length) of segment b: start in [0, total], end in [start, total], length <= max_len."""
+    start = tl.minimum(tl.maximum(tl.load(cu_seqlens + b), 0), total)
+    end = tl.minimum(tl.maximum(tl.load(cu_seqlens + b + 1), start), total)
+    return start, tl.minimum(end - start, max_len)
+
+
+@triton.jit
+def tail_start(cu_seqlens, batch, total):
+    """First token past the last segment (cu_seqlens[batch], clamped into [0, total]): tokens
+    [tail_start, total) belong to no sequence (static buffers) and get zeros / lse +inf."""
+    return tl.minimum(tl.maximum(tl.load(cu_seqlens + batch), 0), total)
+
+
+# tanh(x) = x + x^3 P(x^2) on |x| < TANH_POLY_MAX: a float64 relative-error fit, about 1 ulp in
+# float32 there.  Past it 1 - 2/(e^2x + 1) loses nothing (|tanh| > 0.5); below it that form cancels
+# (absolute error ~1e-7, so softcap = 1e6 moved scores by ~0.1).
+TANH_POLY_MAX = tl.constexpr(0.55)
+TANH_C3 = tl.constexpr(-0.33333317663932405)
+TANH_C5 = tl.constexpr(0.13332589918998028)
+TANH_C7 = tl.constexpr(-0.053852723964205554)
+TANH_C9 = tl.constexpr(0.021073437047738224)
+TANH_C11 = tl.constexpr(-0.006276784303751259)
+
+
+@triton.jit
 def tanh(x):
-    # Written with exp2 because libdevice/ocml tanh is not reachable portably;
-    # saturates cleanly to +-1 for large |x|.
+    # Written with exp2 and a polynomial because libdevice/ocml tanh is not reachable portably;
+    # relative error <= ~4e-7 everywhere, exactly +-1 for large |x| and at +-inf.
     e = tl.exp2(x * (2.0 * LOG2E))
-    return 1.0 - 2.0 / (e + 1.0)
+    big = 1.0 - 2.0 / (e + 1.0)
+    x2 = x * x
+    poly = (((TANH_C11 * x2 + TANH_C9) * x2 + TANH_C7) * x2 + TANH_C5) * x2 + TANH_C3
+    return tl.where(tl.abs(x) < TANH_POLY_MAX, x + x * x2 * poly, big)
 
 
 @triton.jit
