@@ -48,6 +48,11 @@ def _register_transformers():
 from . import autotune  # noqa: E402,F401
 from .import_hooks import when_imported  # noqa: E402
 
+try:  # `fa_amd.integrations.route_flash_attention_2()` works after a plain `import fa_amd` (it imports no HF code)
+    from . import integrations  # noqa: E402,F401
+except ImportError:  # integrations not installed alongside (e.g. a bare source checkout)
+    pass
+
 # Registration imports Transformers' modeling code (seconds on a small CPU), so it waits until a
 # program loads that code itself: at once if it already has, else the moment it does. Every model
 # class, AttentionInterface and the mask functions live behind these two modules, so
