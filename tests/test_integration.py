@@ -372,10 +372,13 @@ def test_mask_function_never_builds_4d_masks():
     assert fa_amd_attention_mask(2, 1, 8, q_offset=9, kv_offset=2, attention_mask=mask).shape == (2, 8)
     # dynamic cache without padding: no mask
     assert fa_amd_attention_mask(2, 1, 10, q_offset=9) is None
-    # static cache without padding: a 2D mask covering the filled slots only
+    # static cache without padding: the whole buffer, its unfilled tail marked as padding (static shape)
     static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
-    assert static.shape == (2, 6) and static.all()
+    assert static.shape == (2, 32) and static[:, :6].all() and not static[:, 6:].any()
     static_prefill = fa_amd_attention_mask(2, 4, 32, q_offset=0, device="cpu")
-    assert static_prefill.shape == (2, 4)
+    assert static_prefill.shape == (2, 32) and static_prefill.sum().item() == 8
+    # static cache with a left-padded 2D mask covering the tokens seen so far
+    padded = fa_amd_attention_mask(2, 1, 16, q_offset=torch.tensor(9), attention_mask=mask)
+    assert padded.shape == (2, 16) and torch.equal(padded[:, :10], mask) and not padded[:, 10:].any()
     # cross-attention (bidirectional, more keys than queries): no mask
     assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None
