@@ -254,8 +254,8 @@ class RotaryEmbedding(torch.nn.Module):
     subclasses such as ModernBERT's unpadded rotary use.
     """
 
-    def __init__(self, dim: int, base=10000.0, interleaved=False, scale_base=None, pos_idx_in_fp32=True,
-                 device=None):
+    def __init__(self, dim: int, base=10000.0, interleaved=False, scale_base=None, device=None, *,
+                 pos_idx_in_fp32=True):  # flash-attn 2.8's order; older releases took pos_idx_in_fp32 (by keyword)
         super().__init__()
         self.dim = dim
         self.base = float(base)
