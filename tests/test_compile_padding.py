@@ -33,7 +33,8 @@ def _left_and_right_padded(device):
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def test_padded_batch_compiles_fullgraph_and_matches_eager(device):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.gpu)])
+def test_padded_batch_compiles_fullgraph_and_matches_eager(device, backend):
     model = _tiny_llama(device)
     ids, mask = _left_and_right_padded(device)
     labels = ids.masked_fill(mask == 0, -100)
@@ -45,7 +46,7 @@ def test_padded_batch_compiles_fullgraph_and_matches_eager(device):
     ref_grad = model.model.embed_tokens.weight.grad.clone()
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # a graph break raises
+    compiled = torch.compile(model, backend=backend, fullgraph=True)  # a graph break raises
     out = compiled(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
     keep = mask.bool()
@@ -55,7 +56,8 @@ def test_padded_batch_compiles_fullgraph_and_matches_eager(device):
     torch._dynamo.reset()
 
 
-def test_static_cache_generation_compiles_and_matches_eager(device):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.gpu)])
+def test_static_cache_generation_compiles_and_matches_eager(device, backend):
     model = _tiny_llama(device).eval()
     torch.manual_seed(2)
     ids = torch.randint(3, VOCAB, (2, 8), device=device)
@@ -66,7 +68,7 @@ def test_static_cache_generation_compiles_and_matches_eager(device):
     model.set_attn_implementation("eager")
     ref = model.generate(ids, attention_mask=mask, **kwargs)
     model.set_attn_implementation("fa_amd")
-    config = transformers.CompileConfig(fullgraph=True, backend="aot_eager")
+    config = transformers.CompileConfig(fullgraph=True, backend=backend)
     config._compile_all_devices = True  # Transformers compiles decoding on GPUs only unless told
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
