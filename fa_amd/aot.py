@@ -321,6 +321,13 @@ def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
     for name in fn.arg_names:
         if name in values and (name in constexpr_names or values[name] == 1):
             constexprs[name] = values[name]
+    # parameters with a default (optional features, e.g. Sinks=None, HAS_SINKS=False) keep it, as every
+    # launch without the feature does (a None pointer is a constexpr there too)
+    import inspect
+
+    for name, param in inspect.signature(getattr(fn, "fn", fn)).parameters.items():
+        if param.default is not inspect.Parameter.empty and name not in constexprs:
+            constexprs[name] = param.default
     missing = [name for name in constexpr_names if name not in constexprs]
     if missing:
         raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")

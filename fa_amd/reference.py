@@ -13,11 +13,14 @@ import torch
 
 def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                   softmax_scale=None, dropout_p=0.0, dropout_mask: Optional[torch.Tensor] = None,
-                  upcast=True):
+                  sinks: Optional[torch.Tensor] = None, upcast=True):
     """Dense attention.  q: (b, sq, hq, d), k/v: (b, sk, hk, d).  Returns (out, lse).
 
     dropout_mask: bool (b, hq, sq, sk), True = kept.  lse is (b, hq, sq) float,
     +inf on rows that see no key (flash-attn convention; their output is 0).
+    sinks: (hq,) learnable sink logits, one more column of each row's softmax whose value
+    is zero (gpt-oss): lse includes it, a row that sees no key gets lse = sink and output 0;
+    dropout acts on the keys' probabilities after the softmax.
     """
     dtype = torch.float64 if upcast else q.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -46,9 +49,12 @@ def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, a
     if left >= 0:
         keep &= rel >= -left
     scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        # the sink column: in the softmax, then dropped (it has no value)
+        scores = torch.cat([scores, sinks.to(dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isneginf(lse)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty[..., None], 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty[..., None], 0.0)[..., :sk]
     lse = lse.masked_fill(empty, float("inf"))
     if dropout_mask is not None:
         probs = probs * dropout_mask.to(dtype) / (1.0 - dropout_p)

@@ -52,8 +52,6 @@ HARMLESS_KWARGS = frozenset(
 # any of them with a non-None value raises instead of silently computing
 # something else.
 UNSUPPORTED_KWARGS = {
-    "s_aux": "learnable attention sinks (s_aux)",
-    "sinks": "learnable attention sinks (sinks)",
     "position_bias": "an additive position bias",
     "head_mask": "a per-head mask",
     "indices": "sparse attention indices",
@@ -262,7 +260,12 @@ def fa_amd_attention_forward(
     deterministic: Optional[bool] = None,
     **kwargs,
 ):
-    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None)."""
+    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None).
+
+    Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
+    """
+    # to the kernels under the caller's name (the errors then name it too)
+    sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     _check_kwargs(kwargs)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
@@ -308,6 +311,7 @@ def fa_amd_attention_forward(
         softcap=0.0 if softcap is None else float(softcap),
         deterministic=bool(deterministic) if deterministic is not None else False,
     )
+    common.update(sink_kwargs)
 
     if attention_mask is not None:
         out = _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common)
