@@ -16,6 +16,7 @@ from .interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
 from .sdpa import disable_sdpa_route, enable_sdpa_route, sdpa_route, sdpa_route_enabled
 
@@ -28,6 +29,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "sdpa_route",
     "enable_sdpa_route",
     "disable_sdpa_route",

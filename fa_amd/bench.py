@@ -853,6 +853,18 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--from-json", metavar="PATH", nargs="+",
                         help="do not run; report results.json files from earlier runs (several: merged, "
                              "all from one GPU)")
+    # decode side (fa_amd/bench_decode.py): run instead of the prefill rows when given
+    parser.add_argument("--decode", action="store_true",
+                        help="KV-cache decode rows instead: batch {1,8,64} x cache {2k,8k,32k,128k}, GQA 32/8, d128; "
+                             "KV GB/s and us vs SDPA, FlexAttention, flash_attn")
+    parser.add_argument("--generate", action="store_true",
+                        help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
+    parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
+                        default=None, help="peers of the --decode rows (default: all)")
+    parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,
+                        help="only these --decode rows, e.g. 1x2048 64x131072 (to split a long run)")
+    parser.add_argument("--hbm-peak-gbs", type=float, default=None,
+                        help="HBM peak of this GPU in GB/s for the --decode %% column (known GPUs: detected)")
 
 
 def _read_json(path: str) -> Dict:
@@ -880,6 +892,10 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
 
 
 def run_cli(args) -> int:
+    if getattr(args, "decode", False) or getattr(args, "generate", False):
+        from . import bench_decode
+
+        return bench_decode.run_cli(args)
     if args.from_json:
         try:
             payload = merge_payloads([_read_json(path) for path in args.from_json])

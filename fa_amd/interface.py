@@ -13,8 +13,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
-from .arch import INTERPRET, check_interpreter_supported
+import triton
+
+from . import arch, ops  # the attention op (and registers torch.ops.fa_amd.*)
+from .arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .kernels.launch import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
@@ -52,9 +54,10 @@ def _check_qkv(q, k, v, varlen: bool):
     _check_device("v", v, q)
     check_interpreter_supported()
     if q.device.type == "cpu" and not INTERPRET:
-        raise ValueError(
-            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
-            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+        raise ValueError(cpu_without_interpreter_message("q"))
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and not arch.INTERPRETER_BF16_DOT:
+        raise TypeError(f"q is bfloat16, which triton {triton.__version__}'s interpreter computes wrongly; "
+                        "use float16 or float32 on the CPU")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
     head_dim = q.shape[-1]
@@ -159,6 +162,8 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
     # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
     first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:
@@ -270,15 +275,22 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, sinks=None, s_aux=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, sinks=None, s_aux=None,
+                           seqused_k=None):
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
 
     Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
-    (nheads, total_q). Paged KV (`block_table`) is not supported and raises.
+    (nheads, total_q).  Paged KV (flash-attn >= 2.6): with block_table (batch, max_num_blocks_per_seq)
+    int32, k and v are (num_blocks, page_block_size, nheads_k, headdim) pages (page_block_size any
+    multiple of 16) and sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of
+    its pages.  seqused_k (batch,) int32: only the first seqused_k[b] keys of sequence b are used.
+    Both are forward-only (as in flash-attn) and run the split-KV decode kernel (fa_amd.kvcache).
     sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
     """
-    if block_table is not None:
-        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
+    if block_table is not None or seqused_k is not None:
+        return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                       block_table, seqused_k, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
@@ -325,3 +337,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, sinks=sinks, s_aux=s_aux)
+
+
+# Decode side (flash_attn_with_kvcache, paged varlen): fa_amd/kvcache.py, which reuses the checks above,
+# so it is imported last (its import of this module finds every name already defined).
+from .kvcache import flash_attn_varlen_paged, flash_attn_with_kvcache  # noqa: E402

@@ -56,7 +56,8 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             else:
                 kT = tl.load(kT_ptrs)
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
-        if POSITIVE_SCALE and not MASK and not IS_SOFTCAP and not HAS_ALIBI:
+        # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
+        if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
             # argument as one FMA per element (scale > 0 keeps the max where it was)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
