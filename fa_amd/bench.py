@@ -662,10 +662,24 @@ def _cell(r: Optional[Result]) -> str:
     return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
 
 
-def _ratio(ours: Optional[Result], theirs: Optional[Result]) -> str:
+def _ratio(ours: Optional[Result], theirs: Optional[Result], used: set) -> str:
     if ours is None or theirs is None or not ours.tflops or not theirs.tflops:
-        return "n/a"
+        return _na("not run", used)
     return f"{ours.tflops / theirs.tflops:.2f}x"
+
+
+# why a table cell says "n/a" (the TFLOP/s cells of failed or unavailable peers list theirs per method)
+NA_REASONS = {
+    "not run": "the method did not run this shape (its reason is listed below the tables)",
+    "no GPU": "peak memory and CUDA-graph time come from the CUDA/ROCm allocator and graphs, so a run "
+              "without a GPU (--smoke under TRITON_INTERPRET=1) does not measure them",
+    "no graph": "the call could not be captured in a CUDA graph (e.g. it synchronizes with the host)",
+}
+
+
+def _na(key: str, used: set) -> str:
+    used.add(key)
+    return f"n/a ({key})"
 
 
 def markdown_tables(results: List[Result]) -> str:
@@ -675,6 +689,7 @@ def markdown_tables(results: List[Result]) -> str:
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
     out = []
+    why = set()  # the n/a reasons these tables used, explained under them
     # fa_amd's ratio to cuDNN (the rival SDPA picks on Hopper), where both ran
     ratio = "fa_amd" in methods and "sdpa_cudnn" in methods
     for mode in ("fwd", "fwd+bwd"):
@@ -684,7 +699,7 @@ def markdown_tables(results: List[Result]) -> str:
         for label in labels:
             cells = [_cell(idx.get((label, m, mode))) for m in methods]
             if ratio:
-                cells.append(_ratio(idx.get((label, "fa_amd", mode)), idx.get((label, "sdpa_cudnn", mode))))
+                cells.append(_ratio(idx.get((label, "fa_amd", mode)), idx.get((label, "sdpa_cudnn", mode)), why))
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     # memory: fwd+bwd peak, relative to eager where eager ran
     out += ["\n### Peak memory of one forward + backward (MiB; x = relative to eager)\n",
@@ -694,8 +709,10 @@ def markdown_tables(results: List[Result]) -> str:
         cells = []
         for m in methods:
             r = idx.get((label, m, "fwd+bwd"))
-            if r is None or r.peak_mib is None:
-                cells.append("n/a")
+            if r is None or r.tflops is None:
+                cells.append(_na("not run", why))
+            elif r.peak_mib is None:
+                cells.append(_na("no GPU", why))
             elif eager is not None and eager.peak_mib:
                 cells.append(f"{r.peak_mib:.0f} ({r.peak_mib / eager.peak_mib:.2f}x)")
             else:
@@ -710,13 +727,17 @@ def markdown_tables(results: List[Result]) -> str:
             for m in methods:
                 r = idx.get((label, m, "fwd+bwd"))
                 if r is None or r.host_ms is None:
-                    cells.append("n/a")
+                    cells.append(_na("not run", why))
                 else:
-                    cells.append(f"{r.host_ms:.3f} / " + (f"{r.graph_ms:.3f}" if r.graph_ms is not None else "n/a"))
+                    graph = (f"{r.graph_ms:.3f}" if r.graph_ms is not None
+                             else _na("no GPU" if r.peak_mib is None else "no graph", why))
+                    cells.append(f"{r.host_ms:.3f} / " + graph)
             out.append(f"| {label} | " + " | ".join(cells) + " |")
+    if why:
+        out += ["\n" + "; ".join(f"n/a ({key}): {NA_REASONS[key]}" for key in sorted(why)) + "."]
     notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
     if notes:
-        out += ["\nn/a reasons:\n"] + [f"- {n}" for n in notes]
+        out += ["\nn/a reasons (TFLOP/s cells):\n"] + [f"- {n}" for n in notes]
     return "\n".join(out + route_lines)
 
 
@@ -820,13 +841,22 @@ def plot(results: List[Result], path: str, title: str):
 # --------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser):
+    parser.description = __doc__.split("\n\n")[0]
+    parser.epilog = ("Cells read 'n/a (reason)': 'not run' (the method cannot run that shape; the reason is listed "
+                     "under the tables), 'no GPU' (peak memory and CUDA-graph time need a CUDA/ROCm device, so "
+                     "--smoke on CPU has none), 'no graph' (the call could not be captured in a CUDA graph).")
     parser.add_argument("--quick", action="store_true", help="a few rows (d128, two seqlens, one GQA, varlen)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, fa_amd + eager + SDPA only, runs on CPU under TRITON_INTERPRET=1")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+                        help="tiny shapes (seqlen 64-96, d32), fa_amd + SDPA + eager, one round: a CPU check "
+                             "that the bench runs (what CI does, under TRITON_INTERPRET=1); times are the "
+                             "interpreter's and memory / graph cells read n/a (no GPU)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                        help="input dtype (default bf16; use fp16 on MI100 / gfx908)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=None,
-                        help="methods to run (default: all; unavailable ones print n/a)")
-    parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here")
+                        help="methods to run (default: all; --smoke: fa_amd sdpa_flash eager); unavailable "
+                             "ones print n/a with the reason")
+    parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here (a run cut "
+                                                     "short leaves results.partial.json)")
     parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
     parser.add_argument("--host-time", action="store_true",
                         help="also measure, per forward+backward, the CPU time to issue one call and the GPU "

@@ -21,6 +21,7 @@ does two things:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -117,19 +118,38 @@ def _build_modules() -> dict:
             setattr(module, key, value)
         return module
 
+    from . import flash_attn_compat as compat
+
     padding = dict(
         pad_input=pad_input,
         unpad_input=unpad_input,
         index_first_axis=index_first_axis,
         index_put_first_axis=index_put_first_axis,
+        unpad_input_for_concatenated_sequences=compat.unpad_input_for_concatenated_sequences,
     )
-    modules = {
-        "flash_attn": make("flash_attn", True, dict(api, __version__=SHIM_FLASH_ATTN_VERSION)),
-        "flash_attn.flash_attn_interface": make("flash_attn.flash_attn_interface", False, api),
-        "flash_attn.bert_padding": make("flash_attn.bert_padding", False, padding),
+    # name -> (is a package, attributes); every parent package is listed before its children
+    layout = {
+        "flash_attn": (True, dict(api, __version__=SHIM_FLASH_ATTN_VERSION)),
+        "flash_attn.flash_attn_interface": (False, dict(api, **compat.PRIVATE_INTERFACE)),
+        "flash_attn.bert_padding": (False, padding),
+        "flash_attn.layers": (True, {}),
+        "flash_attn.layers.rotary": (False, compat.ROTARY_LAYERS),
+        "flash_attn.ops": (True, {}),
+        "flash_attn.ops.activations": (False, compat.ACTIVATIONS),
+        "flash_attn.ops.layer_norm": (False, compat.LEGACY_LAYER_NORM),
+        "flash_attn.ops.rms_norm": (False, compat.LEGACY_RMS_NORM),
+        "flash_attn.ops.triton": (True, {}),
+        "flash_attn.ops.triton.rotary": (False, compat.TRITON_ROTARY),
+        "flash_attn.ops.triton.layer_norm": (False, compat.TRITON_LAYER_NORM),
+        "flash_attn.ops.triton.cross_entropy": (False, compat.TRITON_CROSS_ENTROPY),
+        "flash_attn.losses": (True, {}),
+        "flash_attn.losses.cross_entropy": (False, compat.LOSSES_CROSS_ENTROPY),
     }
-    modules["flash_attn"].flash_attn_interface = modules["flash_attn.flash_attn_interface"]
-    modules["flash_attn"].bert_padding = modules["flash_attn.bert_padding"]
+    modules = {name: make(name, is_package, attrs) for name, (is_package, attrs) in layout.items()}
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
     return modules
 
 
@@ -195,7 +215,11 @@ def _real_flash_attn_present() -> bool:
 
 
 def install_flash_attn_shim() -> bool:
-    """Make ``import flash_attn`` resolve to fa_amd.  Returns False if a real flash-attn is installed."""
+    """Make ``import flash_attn`` resolve to fa_amd.  Returns False if a real flash-attn is installed.
+
+    Also makes Transformers' ``is_flash_attn_2_available()`` answer True wherever fa_amd runs (a
+    GPU, or the Triton interpreter), now or when Transformers is imported later.
+    """
     if _real_flash_attn_present():
         return False
     if not _FINDER.modules:
@@ -205,6 +229,9 @@ def install_flash_attn_shim() -> bool:
     sys.modules.update(_FINDER.modules)
     importlib.invalidate_caches()
     _clear_transformers_availability_caches()
+    from fa_amd.import_hooks import when_imported
+
+    when_imported(("transformers.utils.import_utils",), _patch_fa2_availability)
     return True
 
 
@@ -216,7 +243,46 @@ def uninstall_flash_attn_shim() -> None:
     _FINDER.modules.clear()
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
+    _restore_fa2_availability()
     _clear_transformers_availability_caches()
+
+
+# (module, attribute) -> the original is_flash_attn_2_available that our wrapper replaced there
+_availability_originals: dict = {}
+
+
+def _patch_fa2_availability() -> None:
+    """Wrap Transformers' is_flash_attn_2_available so the stand-in counts wherever fa_amd runs.
+
+    Transformers asks for CUDA (or MLU/MUSA) besides the package, so on ROCm-less CPUs running the
+    interpreter the stand-in would never count.  Every loaded Transformers module that imported the
+    function gets the wrapper; modules imported later pick it up from import_utils.
+    """
+    if not _FINDER.modules:
+        return
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_flash_attn_2_available", None)
+    if original is None or getattr(original, "_fa_amd_wrapper", False):
+        return
+
+    @functools.wraps(original)
+    def is_flash_attn_2_available(*args, **kwargs):
+        return (bool(_FINDER.modules) and _fa_amd_usable()) or original(*args, **kwargs)
+
+    is_flash_attn_2_available._fa_amd_wrapper = True
+    is_flash_attn_2_available._dynamo_marked_constant = True  # as Transformers marks the original
+    for name, module in list(sys.modules.items()):
+        if (name == "transformers" or name.startswith("transformers.")) and module is not None \
+                and module.__dict__.get("is_flash_attn_2_available") is original:
+            _availability_originals[(module, "is_flash_attn_2_available")] = original
+            setattr(module, "is_flash_attn_2_available", is_flash_attn_2_available)
+
+
+def _restore_fa2_availability() -> None:
+    for (module, attr), original in _availability_originals.items():
+        if getattr(getattr(module, attr, None), "_fa_amd_wrapper", False):
+            setattr(module, attr, original)
+    _availability_originals.clear()
 
 
 def _clear_transformers_availability_caches() -> None:

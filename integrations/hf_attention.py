@@ -207,25 +207,53 @@ def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
             f"covering every input token (plus the cached ones)")
 
 
-def _unpad_from_mask(mask: torch.Tensor):
-    """2D keep-mask (b, s) -> (flat indices of kept tokens, cu_seqlens int32, max_seqlen int)."""
-    seqlens = mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    max_seqlen = int(seqlens.max().item())
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    return indices, cu_seqlens, max_seqlen
+def _segments(mask: torch.Tensor):
+    """How a padded (b, L) batch becomes varlen segments, with no device->host sync.
+
+    Each row becomes two segments: its kept tokens (in order), then its padded ones.  Every
+    token belongs to a segment, so the kernels write every output row and padded rows get
+    exactly zero gradients (their outputs are zeroed, so their dout is 0); shapes never depend
+    on the data (max_seqlen is L), which is what torch.compile and CUDA graphs need.
+    Returns (rows, cols) gather indices in packed order, the inverse permutation, cu_seqlens
+    int32 (2b + 1,) and the keep-mask.
+    """
+    batch, length = mask.shape
+    flat = mask.reshape(-1)
+    row = torch.arange(batch, device=mask.device).repeat_interleave(length)
+    # sort key: row, then kept before padded; stable, so positions keep their order
+    order = torch.argsort(row * 2 + (~flat).to(row.dtype), stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=mask.device))
+    kept = mask.sum(-1, dtype=torch.int32)
+    lengths = torch.stack([kept, length - kept], dim=-1).reshape(-1)
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    # a copy: memo_per_tensor's entry must not keep its key (the caller's mask) alive
+    return order // length, order % length, inverse, cu_seqlens, mask.clone()
 
 
-def _gather_tokens(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    # (b, s, h, d) -> (nnz, h, d); plain indexing keeps autograd.
-    return x.reshape(-1, *x.shape[2:])[indices]
+def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
+    """The keep-mask of the queries when they are fewer than the keys (decode, chunked prefill).
+
+    The queries are the newest tokens: the query_length columns ending at each row's last kept
+    key (the cache's end, or the newest filled slot of a static cache whose unfilled tail the
+    mask marks as padding).
+    """
+    length = mask.shape[1]
+    last = length - 1 - torch.argmax(mask.flip(-1).to(torch.uint8), dim=-1)
+    cols = last[:, None] - (query_length - 1) + torch.arange(query_length, device=mask.device)[None, :]
+    return mask.gather(1, cols.clamp(min=0)) & (cols >= 0)
 
 
-def _scatter_tokens(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    # (nnz, h, d) -> (b, s, h, d) with zeros on padded slots.
-    out = x.new_zeros(batch * seqlen, *x.shape[1:])
-    out[indices] = x
-    return out.view(batch, seqlen, *x.shape[1:])
+def _pack(x: torch.Tensor, segments) -> torch.Tensor:
+    # (b, L, h, d) with any strides -> (b * L, h, d) in segment order: one gather, autograd-aware
+    rows, cols = segments[:2]
+    return x[rows, cols]
+
+
+def _unpack(out: torch.Tensor, segments, batch: int, length: int) -> torch.Tensor:
+    # (b * L, h, d) in segment order -> (b, L, h, d), zeros on padded slots (as flash-attn's pad_input)
+    inverse, keep = segments[2], segments[4]
+    out = out[inverse].view(batch, length, *out.shape[1:])
+    return torch.where(keep.view(batch, length, 1, 1), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
@@ -514,51 +542,38 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
 
 
 def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common):
+    """Attention of a padded batch: varlen over per-row kept / padded segments (see ``_segments``)."""
     batch_size, query_length = query.shape[:2]
     # self-attention: the queries are the last query_length mask columns (below)
     check_padding_mask(attention_mask, batch_size, query_length if common["causal"] else None)
     mask = attention_mask.to(device=query.device, dtype=torch.bool)
-    # A static cache hands over its whole buffer: the mask says how much of it is filled.
+    # A cache buffer longer than the mask (another mask builder's static-cache mask): its tail is unused.
     if key.shape[1] > mask.shape[1]:
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
     elif key.shape[1] < mask.shape[1]:
         raise ValueError(f"attention_mask covers {mask.shape[1]} keys but only {key.shape[1]} were given")
-    # every layer gets the same mask object: unpad (a device->host sync) once per forward
-    indices_k, cu_seqlens_k, max_seqlen_k = memo_per_tensor(
-        attention_mask, ("unpad", str(query.device)), lambda _: _unpad_from_mask(mask))
-    key_unpadded = _gather_tokens(key, indices_k)
-    value_unpadded = _gather_tokens(value, indices_k)
-
-    if query_length == key.shape[1]:
-        indices_q, cu_seqlens_q, max_seqlen_q = indices_k, cu_seqlens_k, max_seqlen_k
-        query_unpadded = _gather_tokens(query, indices_q)
-    elif query_length == 1:
-        # decode: one query token per row, every row present
-        cu_seqlens_q = torch.arange(batch_size + 1, dtype=torch.int32, device=query.device)
-        indices_q = cu_seqlens_q[:-1].long()
-        max_seqlen_q = 1
-        query_unpadded = query.reshape(batch_size, *query.shape[2:])
+    key_length = key.shape[1]
+    # every layer gets the same mask object: its segments are built once per forward
+    device = str(query.device)
+    seg_k = memo_per_tensor(attention_mask, ("segments", device), lambda _: _segments(mask))
+    if query_length == key_length:
+        seg_q = seg_k
     else:
-        # Chunked prefill on top of a cache: the new tokens are the last
-        # query_length mask columns (Transformers pads on the left for generation).
-        indices_q, cu_seqlens_q, max_seqlen_q = memo_per_tensor(
-            attention_mask, ("unpad_tail", query_length, str(query.device)),
-            lambda _: _unpad_from_mask(mask[:, -query_length:]))
-        query_unpadded = _gather_tokens(query, indices_q)
-
+        seg_q = memo_per_tensor(attention_mask, ("query_segments", query_length, device),
+                                lambda _: _segments(_query_columns(mask, query_length)))
     out = flash_attn_varlen_func(
-        query_unpadded,
-        key_unpadded,
-        value_unpadded,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
+        _pack(query, seg_q),
+        _pack(key, seg_k),
+        _pack(value, seg_k),
+        seg_q[3],
+        seg_k[3],
+        query_length,
+        key_length,
         **common,
     )
     if isinstance(out, tuple):
         out = out[0]
-    return _scatter_tokens(out, indices_q, batch_size, query_length)
+    return _unpack(out, seg_q, batch_size, query_length)
 
 
 def fa_amd_attention_mask(
@@ -571,50 +586,42 @@ def fa_amd_attention_mask(
     attention_mask: Optional[torch.Tensor] = None,
     **kwargs,
 ):
-    """Mask builder registered under "fa_amd": a 2D padding mask or None, never a 4D mask.
+    """Mask builder registered under "fa_amd": a 2D (batch, kv_length) keep-mask or None, never 4D.
 
-    Delegates to Transformers' own ``flash_attention_mask`` (slice the 2D mask to
-    the keys, drop it when nothing is padded).  One addition: with a static
-    cache and no padding mask, the keys are the whole preallocated buffer, so we
-    return an all-ones (batch, filled_length) mask that lets the attention crop
-    the empty tail (Transformers' flash backend gets that mask from generate()
-    because its name contains "flash"; ours does not).
+    Column ``j`` is the key slot at position ``kv_offset + j`` (how Transformers lays out caches,
+    sliding ones included).  A slot is kept when the padding mask keeps that position and, for
+    decoder self-attention, when it is filled (position < ``q_offset + q_length``): a static cache
+    hands over its whole buffer, and its unfilled tail is marked as padding, so shapes never
+    depend on how full it is.  None (the dense path) when nothing is masked; under
+    ``torch.compile`` that is decided from shapes only (no ``mask.all()``: no sync, no graph
+    break), so a compiled padded batch always gets its mask.
     """
-    from transformers.masking_utils import causal_mask_function, flash_attention_mask
-
-    # Only causal (decoder self-attention) masks can face a static cache; a
-    # bidirectional call with more keys than queries is cross-attention.
+    # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
+    # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
     # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
     check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
-    if attention_mask is None and building_causal and kv_length > q_length:
-        filled = q_offset + q_length
-        if isinstance(filled, torch.Tensor) and isinstance(kv_offset, int) and kv_offset == 0:
-            # a static cache's fill level lives on the device: a (batch, kv_length) mask of the filled
-            # prefix, built there (no sync, torch.compile and graphs keep it); the attention reads
-            # its bounds (decode kernel) or unpads by it
-            device = kwargs.get("device", filled.device)
-            fill = torch.arange(kv_length, device=device) < filled.to(device)
-            fill = fill[None, :].expand(batch_size, kv_length)
-            memo_per_tensor(fill, _FILL_MASK, lambda _: True)
-            return fill
-        if isinstance(filled, torch.Tensor):
-            filled = int(filled.item())
-        if kv_offset + kv_length > filled:
-            device = kwargs.get("device", "cpu")
-            return torch.ones(batch_size, filled, dtype=torch.bool, device=device)
-        return None
-    if attention_mask is not None and attention_mask.dim() == 2 and torch.compiler.is_compiling():
-        # flash_attention_mask drops an all-ones mask after a data-dependent `.all()` (a graph break);
-        # a traced graph keeps the mask instead, which the attention handles without a sync either way
-        return attention_mask[:, -kv_length:]
-    return flash_attention_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function if mask_function is not None else causal_mask_function,
-        attention_mask=attention_mask,
-        **kwargs,
-    )
+    filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
+    if attention_mask is None:
+        if not building_causal:
+            return None
+        if not isinstance(filled, torch.Tensor) and kv_offset + kv_length <= filled:
+            return None  # every slot filled: the dense path
+    device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
+    if isinstance(filled, torch.Tensor):
+        device = filled.device if attention_mask is None else device
+        filled = filled.to(device)
+    position = kv_offset + torch.arange(kv_length, device=device)
+    if attention_mask is None:
+        keep = (position < filled).expand(batch_size, kv_length)
+    else:
+        covered = attention_mask.shape[-1]
+        keep = attention_mask[:, position.clamp(max=covered - 1)].to(torch.bool) & (position < covered)
+        if building_causal:
+            keep = keep & (position < filled)
+    if not torch.compiler.is_compiling() and bool(keep.all()):
+        return None  # eager: nothing masked after all, the dense kernel is cheaper
+    if attention_mask is None:
+        # a static cache's filled prefix: no holes, so the decode kernel needs only its bounds
+        memo_per_tensor(keep, _FILL_MASK, lambda _: True)
+    return keep

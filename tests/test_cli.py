@@ -167,3 +167,46 @@ def test_host_time_columns_on_gpu():
     results = bench.bench_method("fa_amd", shape, torch.bfloat16, "cuda", False, host_time=True)
     fb = next(r for r in results if r.mode == "fwd+bwd")
     assert fb.host_ms > 0 and fb.graph_ms is not None and fb.graph_ms > 0
+
+
+def _option_strings(parser):
+    return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")
+            and opt != "--help"]
+
+
+def test_every_bench_option_is_documented():
+    """Every `fa-amd bench` option is in the README and has help text in --help."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="fa-amd bench")
+    bench.add_arguments(parser)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    options = _option_strings(parser)
+    assert {"--smoke", "--quick", "--host-time", "--from-json"} <= set(options)
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0] != "-h":
+            assert action.help, f"{action.option_strings} has no help text"
+    missing = [opt for opt in options if f"`{opt}" not in readme]
+    assert not missing, f"README does not document fa-amd bench {missing}"
+    assert "n/a (reason)" in parser.format_help()
+
+
+def test_na_cells_say_why():
+    """A CPU run has no memory / CUDA-graph numbers, and a peer that cannot run a shape has no row:
+    each such cell says which, and the reasons are explained under the tables."""
+    from fa_amd.bench import NA_REASONS, Result, markdown_tables
+
+    def result(method, mode, tflops, **extra):
+        return Result(shape={}, label="b1 s64", kind="dense", method=method, mode=mode,
+                      ms=1.0 if tflops else None, tflops=tflops, **extra)
+
+    rows = [result("fa_amd", "fwd", 1.0), result("fa_amd", "fwd+bwd", 1.0, host_ms=2.0),
+            result("eager", "fwd", None, note="n/a: Unavailable: skipped"),
+            result("eager", "fwd+bwd", None, note="n/a: Unavailable: skipped")]
+    text = markdown_tables(rows)
+    memory = text.split("Peak memory")[1].split("###")[0]
+    assert "n/a (no GPU)" in memory and "n/a (not run)" in memory
+    assert "2.000 / n/a (no GPU)" in text
+    assert NA_REASONS["no GPU"] in text and NA_REASONS["not run"] in text
+    assert "eager: Unavailable: skipped" in text

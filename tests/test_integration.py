@@ -332,10 +332,12 @@ def test_route_flash_attention_2_end_to_end():
         (fn, varlen_fn, kv_fn, pad_fn, unpad_fn), _ = lazy_import_flash_attention("flash_attention_2")
         assert fn is fa_amd.flash_attn_func and unpad_fn is unpad_input
 
-        # on a GPU machine transformers' own probe now sees flash-attn 2 as well
-        if torch.cuda.is_available():
-            from transformers.utils import is_flash_attn_2_available
-            assert is_flash_attn_2_available()
+        # transformers' own probe sees flash-attn 2 wherever fa_amd runs (a GPU, or the interpreter here)
+        from transformers.utils import is_flash_attn_2_available
+        assert is_flash_attn_2_available()
+        from flash_attn.layers.rotary import apply_rotary_emb, RotaryEmbedding
+        from flash_attn.ops.triton.layer_norm import rms_norm_fn
+        from flash_attn.losses.cross_entropy import CrossEntropyLoss
         device = "cuda" if torch.cuda.is_available() else "cpu"
 
         from transformers import AutoModelForCausalLM, LlamaConfig
@@ -387,10 +389,13 @@ def test_mask_function_never_builds_4d_masks():
     assert fa_amd_attention_mask(2, 1, 8, q_offset=9, kv_offset=2, attention_mask=mask).shape == (2, 8)
     # dynamic cache without padding: no mask
     assert fa_amd_attention_mask(2, 1, 10, q_offset=9) is None
-    # static cache without padding: a 2D mask of the filled slots, built on the device (no sync)
+    # static cache without padding: the whole buffer, its unfilled tail marked as padding (static shape)
     static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
     assert static.shape == (2, 32) and static[:, :6].all() and not static[:, 6:].any()
     static_prefill = fa_amd_attention_mask(2, 4, 32, q_offset=0, device="cpu")
-    assert static_prefill.shape == (2, 4)
+    assert static_prefill.shape == (2, 32) and static_prefill.sum().item() == 8
+    # static cache with a left-padded 2D mask covering the tokens seen so far
+    padded = fa_amd_attention_mask(2, 1, 16, q_offset=torch.tensor(9), attention_mask=mask)
+    assert padded.shape == (2, 16) and torch.equal(padded[:, :10], mask) and not padded[:, 10:].any()
     # cross-attention (bidirectional, more keys than queries): no mask
     assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None
