@@ -265,7 +265,7 @@ def write_checkpoint(accelerator, output_dir, step: int, run_id: str, config: di
     except OSError as err:
         error = err
     # Every process must get past the barrier, even one whose write failed.
-    failed = _any_process(accelerator, error is not None)
+    failed = any_process(accelerator, error is not None)
     if not failed and accelerator.is_main_process:
         try:
             files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -277,7 +277,7 @@ def write_checkpoint(accelerator, output_dir, step: int, run_id: str, config: di
             replace_folder(tmp, final)
         except OSError as err:
             error = err
-    failed = _any_process(accelerator, error is not None)
+    failed = any_process(accelerator, error is not None)
     if failed:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -287,7 +287,8 @@ def write_checkpoint(accelerator, output_dir, step: int, run_id: str, config: di
     return final
 
 
-def _any_process(accelerator, flag: bool) -> bool:
+def any_process(accelerator, flag: bool) -> bool:
+    """True on every process when ``flag`` is true on any (each process must call it)."""
     if accelerator.num_processes == 1:
         return flag
     import torch

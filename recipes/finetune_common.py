@@ -30,10 +30,10 @@ from pathlib import Path
 
 import finetune_data as data
 from finetune_checkpoints import (  # noqa: F401  (re-exported: the tests and bench_train use these names)
-    CHECKPOINT_DIR_NAME, CHECKPOINT_PREFIX, MARKER, WRITE_ERRNOS, RecipeError, atomic_write_text, check_free_space,
-    check_output_dir, check_resume_config, checkpoint_problem, checkpoint_root, describe_os_error,
-    find_resume_checkpoint, human_size, list_checkpoints, missing_rng_states, new_run_id, read_marker, replace_folder,
-    resume_candidates, rotate_checkpoints, write_checkpoint,
+    CHECKPOINT_DIR_NAME, CHECKPOINT_PREFIX, MARKER, WRITE_ERRNOS, RecipeError, any_process, atomic_write_text,
+    check_free_space, check_output_dir, check_resume_config, checkpoint_problem, checkpoint_root, describe_os_error,
+    find_resume_checkpoint, human_size, list_checkpoints, missing_rng_states, new_run_id, read_marker,
+    replace_folder, resume_candidates, rotate_checkpoints, write_checkpoint,
 )
 from finetune_options import (  # noqa: F401  (re-exported)
     ATTN_IMPLEMENTATIONS, CPU_SHAPE, DEVICE_DEFAULTS, DTYPES, GPU_SHAPE, MODEL_TYPES, ModelShape, build_parser,
@@ -352,20 +352,14 @@ def main(model_type: str = "llama", argv=None) -> dict:
 
 def on_main_then_all(accelerator, fn):
     """Run ``fn`` on the main process; a RecipeError there stops every process (none is left waiting)."""
-    import torch
-
     error = None
     if accelerator.is_main_process:
         try:
             fn()
         except RecipeError as err:
             error = err
-    if accelerator.num_processes > 1:
-        flag = accelerator.reduce(torch.tensor([1.0 if error else 0.0], device=accelerator.device), reduction="sum")
-        if flag.item() > 0 and error is None:
-            raise RecipeError("stopped: the main process found a problem (see its message)")
-    if error is not None:
-        raise error
+    if any_process(accelerator, error is not None):
+        raise error or RecipeError("stopped: the main process found a problem (see its message)")
 
 
 def data_fingerprint(samples) -> str:
@@ -412,7 +406,9 @@ def nonfinite_tensors(accelerator, tensors) -> int:
 
 
 def optimizer_tensors(optimizer):
-    return [v for state in optimizer.state_dict()["state"].values() for v in state.values()
+    """The floating-point state tensors (AdamW moments) of a (possibly accelerate-wrapped) optimizer."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return [v for state in inner.state.values() for v in state.values()
             if hasattr(v, "dtype") and v.dtype.is_floating_point]
 
 
@@ -429,7 +425,7 @@ def resume_training(args, accelerator, model, optimizer, progress, signature, ou
                 failed = False
             except Exception as err:  # unreadable safetensors / torch files: a damaged checkpoint
                 failed, problem = True, f"cannot load it ({first_line(err)})"
-            if not _agree(accelerator, failed):
+            if not any_process(accelerator, failed):
                 bad = nonfinite_tensors(accelerator, list(model.parameters()) + optimizer_tensors(optimizer))
                 if bad == 0:
                     missing = [i for i in range(accelerator.num_processes) if missing_rng_states(checkpoint, i)]
@@ -446,16 +442,6 @@ def resume_training(args, accelerator, model, optimizer, progress, signature, ou
         warn(accelerator, f"skipping damaged checkpoint {checkpoint}: {problem}")
     raise RecipeError(f"--resume: no usable checkpoint under {checkpoint_root(output_dir)} "
                       f"(all {len(candidates)} are damaged, see the warnings above)")
-
-
-def _agree(accelerator, flag: bool) -> bool:
-    """True on every process when ``flag`` is true on any."""
-    if accelerator.num_processes == 1:
-        return flag
-    import torch
-
-    value = accelerator.reduce(torch.tensor([1.0 if flag else 0.0], device=accelerator.device), reduction="sum")
-    return bool(value.item() > 0)
 
 
 def train(model_type: str, argv=None) -> dict:
@@ -581,7 +567,8 @@ def train(model_type: str, argv=None) -> dict:
             summary = dict(summarize(progress, accelerator), stopped=reason)
             write_metrics(output_dir, run_config(args, accelerator, data_stats, model, trainable, total, run_id),
                           progress, summary)
-        hint = ", or pass --skip-nonfinite-steps to drop such steps" if skippable and not args.skip_nonfinite_steps else ""
+        hint = (", or pass --skip-nonfinite-steps to drop such steps"
+                if skippable and not args.skip_nonfinite_steps else "")
         raise RecipeError(f"{reason}. Training stopped; no final model was written (the last checkpoint, if any, "
                           f"is intact). Lower --lr or check the data{hint}")
 
@@ -795,6 +782,6 @@ def save_final_model(accelerator, model, tokenizer, path: Path) -> None:
             error = RecipeError(describe_os_error(err, f"could not write the final model to {path}"))
         else:
             log(accelerator, f"final {'adapter' if hasattr(unwrapped, 'peft_config') else 'model'} saved to {path}")
-    if _agree(accelerator, error is not None):
+    if any_process(accelerator, error is not None):
         raise error or RecipeError(f"could not write the final model to {path} (see the main process)")
     accelerator.wait_for_everyone()

@@ -207,7 +207,8 @@ def build_parser(model_type: str) -> argparse.ArgumentParser:
     out.add_argument("--overwrite-output-dir", action="store_true",
                      help="start a fresh run in an --output-dir that holds another run's checkpoints, deleting them")
     out.add_argument("--no-save-model", action="store_true", help="do not export the final model / adapter")
-    out.add_argument("--log-every", type=positive, default=None, help="print a log line every N steps (default: 10 on GPU, 2 on CPU)")
+    out.add_argument("--log-every", type=positive, default=None,
+                     help="print a log line every N steps (default: 10 on GPU, 2 on CPU)")
     return parser
 
 
