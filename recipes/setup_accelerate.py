@@ -62,6 +62,14 @@ def main(argv=None) -> int:
     path = args.config_file or default_config_file
     if os.path.exists(path) and not args.force:
         print(f"[setup] keeping the existing Accelerate config {path} (--force replaces it)")
+        try:
+            with open(path, encoding="utf-8") as f:
+                existing = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            existing = {}
+        if existing.get("use_cpu") and not os.environ.get("OMP_NUM_THREADS"):
+            print("[setup] note: it has use_cpu: true, with which `accelerate launch` prints a warning block about "
+                  "CPU threads on every launch; --force replaces it with one that does not")
         return 0
     config = machine_config()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -381,3 +381,22 @@ def test_trl_sft_trainer_padding_free_learns_on_fa_amd(tmp_path, recipe_env):
     assert len(losses) == steps and all(math.isfinite(x) for x in losses)
     assert losses[-1] <= 0.85 * losses[0], losses
     assert "Traceback" not in output
+
+
+def test_setup_accelerate_writes_once_and_keeps_a_users_config(tmp_path, capsys):
+    import yaml
+
+    import setup_accelerate
+
+    path = tmp_path / "accelerate" / "default_config.yaml"
+    assert setup_accelerate.main(["--config-file", str(path)]) == 0
+    config = yaml.safe_load(path.read_text())
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert config["num_processes"] == max(1, gpus) and config["num_machines"] == 1
+    assert config["distributed_type"] == ("MULTI_GPU" if gpus > 1 else "NO")
+    assert config["use_cpu"] is False  # use_cpu: true makes every launch print a CPU-threads warning block
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\n")
+    assert setup_accelerate.main(["--config-file", str(path)]) == 0
+    assert "use_cpu: true" in path.read_text() and "keeping the existing" in capsys.readouterr().out
+    setup_accelerate.main(["--config-file", str(path), "--force"])
+    assert yaml.safe_load(path.read_text())["use_cpu"] is False

@@ -55,6 +55,21 @@ def test_every_numeric_option_is_range_checked(option, value, capsys):
     assert f"argument {option}" in err and "error:" in err
 
 
+@pytest.mark.parametrize("script,option,value", [
+    ("bench_train", "--steps", "0"), ("bench_train", "--lr", "nan"), ("bench_train", "--seq-lens", "1"),
+    ("bench_train", "--dropout", "2"), ("sft_trl", "--max-steps", "0"), ("sft_trl", "--lr", "-1"),
+    ("sft_trl", "--batch-size", "0"), ("sft_trl", "--seq-len", "1"),
+])
+def test_the_other_recipe_scripts_range_check_too(script, option, value, capsys):
+    import importlib
+
+    parser = importlib.import_module(script).build_parser()
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args([option, value])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"argument {option}" in err and err.count("\n") == 1, err
+
+
 def test_zero_max_grad_norm_means_no_clipping_not_zero_gradients():
     args = finetune_options.build_parser("llama").parse_args(["--max-grad-norm", "0"])
     assert args.max_grad_norm == 0.0  # the loop clips to inf: the norm is still computed and checked
