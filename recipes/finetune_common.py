@@ -395,10 +395,12 @@ def run_signature(args, model, data_sha: str, num_processes: int) -> dict:
 
 
 def nonfinite_tensors(accelerator, tensors) -> int:
-    """How many of ``tensors`` hold NaN/inf, summed over the processes (FSDP shards included); one sync."""
+    """How many of ``tensors`` (or shards) hold NaN/inf, summed over the processes; 0 means all finite. One sync."""
     import torch
 
-    flags = [torch.isfinite(t.detach()).all().to(accelerator.device) for t in tensors if t.numel()]
+    # FSDP2 parameters and their optimizer states are DTensors: check each process's own shard.
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    flags = [torch.isfinite(t.detach()).all().to(accelerator.device) for t in local if t.numel()]
     bad = (~torch.stack(flags)).sum().float() if flags else torch.zeros((), device=accelerator.device)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad.reshape(1), reduction="sum")
@@ -434,7 +436,7 @@ def resume_training(args, accelerator, model, optimizer, progress, signature, ou
                                           f"schedule and data position are restored, but dropout draws differ, so the "
                                           f"resumed run is not an exact continuation")
                     return marker.get("run_id") or new_run_id(), checkpoint
-                problem = f"{bad} weight/optimizer tensor(s) hold NaN/inf"
+                problem = "its weights or optimizer state hold NaN/inf"
             elif problem is None:
                 problem = "another process could not load its part"
         if explicit or (args.allow_resume_mismatch and problem.startswith("cannot load")):
