@@ -2,6 +2,8 @@
 
     import fa_amd                      # also registers attn_implementation="fa_amd" in Transformers
     out = fa_amd.flash_attn_func(q, k, v, causal=True)
+    with fa_amd.sdpa_route():          # opt-in: F.scaled_dot_product_attention runs on fa_amd
+        ...
 
 Without a GPU, set TRITON_INTERPRET=1 before this import to run the kernels
 through Triton's interpreter (slow; for tests and smoke runs).
@@ -13,7 +15,9 @@ from .interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
+from .sdpa import disable_sdpa_route, enable_sdpa_route, sdpa_route, sdpa_route_enabled
 
 __version__ = "0.1.0"
 
@@ -24,6 +28,11 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "sdpa_route",
+    "enable_sdpa_route",
+    "disable_sdpa_route",
+    "sdpa_route_enabled",
     "__version__",
 ]
 

@@ -13,6 +13,8 @@ forward+backward = 3.5x forward.  Each method is timed with CUDA events after
 an L2 flush (triton.testing.do_bench's method), on random inputs, in
 interleaved rounds with its peers (ROUNDS); the median round is reported.
 Peak memory is that of one forward+backward, beside plain PyTorch ("eager").
+Then the SDPA route row: a model that calls F.scaled_dot_product_attention itself, timed as torch
+runs it, with SDPA's math backend, and inside fa_amd.sdpa_route() (--no-sdpa-route skips it).
 """
 from __future__ import annotations
 
@@ -483,6 +485,124 @@ def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_tim
     return bench_shape([method], shape, dtype, device, smoke, host_time, rounds)
 
 
+# --------------------------------------------------------------------------- SDPA route row
+# A model that calls F.scaled_dot_product_attention itself (as diffusers, timm, torchtune and custom
+# models do): a stack of pre-norm causal attention blocks, timed as torch runs it, with torch's math
+# backend (what SDPA falls back to where it has no flash kernel, e.g. MI100 / RDNA; every GPU can
+# show it), and inside fa_amd.sdpa_route(); interleaved rounds, as the kernel rows.
+SDPA_ROUTE_KIND = "sdpa_route"
+SDPA_MODEL = dict(layers=4, batch=2, seqlen=4096, hidden=2048, heads=16)  # d128; attention ~1/3 of the FLOPs
+SDPA_MODEL_SMOKE = dict(layers=1, batch=1, seqlen=16, hidden=32, heads=2)
+SDPA_ROUTE_VARIANTS = ("torch", "torch math", "fa_amd route")
+
+
+class SdpaBlock(torch.nn.Module):
+    """Pre-norm causal self-attention block that calls F.scaled_dot_product_attention."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(attn.transpose(1, 2).flatten(2))
+
+
+def _sdpa_route_context(variant: str):
+    import contextlib
+
+    if variant == "fa_amd route":
+        import fa_amd
+
+        return fa_amd.sdpa_route()
+    if variant == "torch math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+def bench_sdpa_route(dtype, device, smoke: bool, rounds: int = ROUNDS, log=print) -> List[Result]:
+    """The SDPA-calling model, forward and forward+backward, per variant (SDPA_ROUTE_VARIANTS)."""
+    cfg = SDPA_MODEL_SMOKE if smoke else SDPA_MODEL
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[SdpaBlock(cfg["hidden"], cfg["heads"]) for _ in range(cfg["layers"])])
+    model = model.to(device=device, dtype=dtype)
+    x = torch.randn(cfg["batch"], cfg["seqlen"], cfg["hidden"], generator=gen).to(device=device, dtype=dtype)
+    dout = torch.randn(x.shape, generator=gen).to(device=device, dtype=dtype)
+    params = tuple(model.parameters())
+    label = (f"SDPA model: {cfg['layers']} x causal attention block, b{cfg['batch']} s{cfg['seqlen']} "
+             f"h{cfg['heads']} d{cfg['hidden'] // cfg['heads']}")
+    log(label)
+
+    def fwd():
+        with torch.no_grad():
+            return model(x)
+
+    def fwd_bwd():
+        model(x).backward(dout)
+
+    timed = {(v, m): _Timed(dict(shape=dict(cfg), label=label, kind=SDPA_ROUTE_KIND, method=v), m, call, params, [])
+             for v in SDPA_ROUTE_VARIANTS for m, call in (("fwd", fwd), ("fwd+bwd", fwd_bwd))}
+    for r in range(max(1, rounds)):
+        order = SDPA_ROUTE_VARIANTS[r % 3:] + SDPA_ROUTE_VARIANTS[:r % 3]
+        for variant in order:
+            with _sdpa_route_context(variant):  # entered once per round: its own cost is not timed
+                for mode in ("fwd", "fwd+bwd"):
+                    _time_round(timed[(variant, mode)], smoke, first=r == 0)
+    results = []
+    for (variant, mode), t in timed.items():
+        if t.note or not t.rounds:
+            results.append(Result(**t.base, mode=mode, note=t.note or "n/a: not measured"))
+            continue
+        peak = None
+        if mode == "fwd+bwd":
+            with _sdpa_route_context(variant):
+                _clear_grads(params)
+                peak = peak_memory_mib(t.call)
+        results.append(Result(**t.base, mode=mode, ms=sorted(t.rounds)[len(t.rounds) // 2], peak_mib=peak,
+                              rounds_ms=[round(ms, 5) for ms in t.rounds]))
+    _clear_grads(params)
+    base = {(r.method, r.mode): r.ms for r in results}
+    for r in results:
+        if r.ms is not None and base.get(("torch", r.mode)):
+            r.note = f"{base[('torch', r.mode)] / r.ms:.2f}x torch"
+        shown = f"{r.ms:8.3f} ms  ({r.note})" if r.ms is not None else r.note
+        log(f"  {r.method:15s} {r.mode:8s} {shown}")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def sdpa_route_table(results: List[Result]) -> List[str]:
+    """Markdown lines for the SDPA route rows (empty when there are none)."""
+    rows = [r for r in results if r.kind == SDPA_ROUTE_KIND]
+    if not rows:
+        return []
+    idx = {(r.label, r.method, r.mode): r for r in rows}
+    out = ["\n### An SDPA-calling model, without and with `fa_amd.sdpa_route()` (ms; speedup vs torch)\n",
+           "torch: SDPA as torch picks its backend; torch math: SDPA's math backend (what GPUs without an SDPA "
+           "flash kernel, e.g. MI100 / RDNA, fall back to); fa_amd route: the same model inside "
+           "`fa_amd.sdpa_route()`.\n",
+           "| model | mode | " + " | ".join(SDPA_ROUTE_VARIANTS) + " |", "|---" * (len(SDPA_ROUTE_VARIANTS) + 2) + "|"]
+    for label in dict.fromkeys(r.label for r in rows):
+        for mode in ("fwd", "fwd+bwd"):
+            cells = []
+            for v in SDPA_ROUTE_VARIANTS:
+                r = idx.get((label, v, mode))
+                if r is None or r.ms is None:
+                    cells.append(r.note if r is not None and r.note else "n/a")
+                else:
+                    cells.append(f"{r.ms:.3f}" + (f" ({r.note})" if v != "torch" and r.note else ""))
+            out.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
+    return out
+
+
 def environment(device) -> Dict:
     import triton
 
@@ -502,8 +622,10 @@ def environment(device) -> Dict:
 
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
-        host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None) -> List[Result]:
-    """Every shape; `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
+        host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
+        sdpa_route: bool = True) -> List[Result]:
+    """Every shape, then the SDPA route row (`sdpa_route`); `checkpoint(results so far)` after each
+    (a cut run keeps what it measured)."""
     results = []
     for shape in shapes(quick, smoke, head_dims):
         if checkpoint is not None and results:
@@ -516,6 +638,10 @@ def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=N
             spread = (f"  rounds {min(r.rounds_ms):.3f}..{max(r.rounds_ms):.3f}"
                       if r.rounds_ms and len(r.rounds_ms) > 1 else "")
             log(f"  {r.method:15s} {r.mode:8s} {shown}{mem}{spread}")
+    if sdpa_route:
+        if checkpoint is not None and results:
+            checkpoint(results)
+        results += bench_sdpa_route(dtype, device, smoke, rounds, log)
     return results
 
 
@@ -530,6 +656,8 @@ def _cell(r: Optional[Result]) -> str:
 
 
 def markdown_tables(results: List[Result]) -> str:
+    route_lines = sdpa_route_table(results)
+    results = [r for r in results if r.kind != SDPA_ROUTE_KIND]
     methods = [m for m in METHODS if any(r.method == m for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
@@ -570,7 +698,7 @@ def markdown_tables(results: List[Result]) -> str:
     notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
     if notes:
         out += ["\nn/a reasons:\n"] + [f"- {n}" for n in notes]
-    return "\n".join(out)
+    return "\n".join(out + route_lines)
 
 
 # the peers fa_amd is meant to beat (the other Triton / FA2-class kernels); cuDNN is the stretch goal
@@ -689,9 +817,24 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
+    parser.add_argument("--no-sdpa-route", action="store_true",
+                        help="skip the SDPA route row (a model calling F.scaled_dot_product_attention, timed as "
+                             "torch runs it, with SDPA's math backend, and inside fa_amd.sdpa_route())")
     parser.add_argument("--from-json", metavar="PATH", nargs="+",
                         help="do not run; report results.json files from earlier runs (several: merged, "
                              "all from one GPU)")
+    # decode side (fa_amd/bench_decode.py): run instead of the prefill rows when given
+    parser.add_argument("--decode", action="store_true",
+                        help="KV-cache decode rows instead: batch {1,8,64} x cache {2k,8k,32k,128k}, GQA 32/8, d128; "
+                             "KV GB/s and us vs SDPA, FlexAttention, flash_attn")
+    parser.add_argument("--generate", action="store_true",
+                        help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
+    parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
+                        default=None, help="peers of the --decode rows (default: all)")
+    parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,
+                        help="only these --decode rows, e.g. 1x2048 64x131072 (to split a long run)")
+    parser.add_argument("--hbm-peak-gbs", type=float, default=None,
+                        help="HBM peak of this GPU in GB/s for the --decode %% column (known GPUs: detected)")
 
 
 def _read_json(path: str) -> Dict:
@@ -719,6 +862,10 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
 
 
 def run_cli(args) -> int:
+    if getattr(args, "decode", False) or getattr(args, "generate", False):
+        from . import bench_decode
+
+        return bench_decode.run_cli(args)
     if args.from_json:
         try:
             payload = merge_payloads([_read_json(path) for path in args.from_json])
@@ -757,7 +904,8 @@ def run_cli(args) -> int:
         if args.out:
             os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
-                      host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None)
+                      host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None,
+                      sdpa_route=not args.no_sdpa_route)
         payload = payload_of(results)
         if args.out and os.path.exists(os.path.join(args.out, "results.partial.json")):
             os.remove(os.path.join(args.out, "results.partial.json"))

@@ -13,8 +13,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
-from .arch import INTERPRET, check_interpreter_supported
+import triton
+
+from . import arch, ops  # the attention op (and registers torch.ops.fa_amd.*)
+from .arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .kernels.launch import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
@@ -52,9 +54,10 @@ def _check_qkv(q, k, v, varlen: bool):
     _check_device("v", v, q)
     check_interpreter_supported()
     if q.device.type == "cpu" and not INTERPRET:
-        raise ValueError(
-            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
-            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+        raise ValueError(cpu_without_interpreter_message("q"))
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and not arch.INTERPRETER_BF16_DOT:
+        raise TypeError(f"q is bfloat16, which triton {triton.__version__}'s interpreter computes wrongly; "
+                        "use float16 or float32 on the CPU")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
     head_dim = q.shape[-1]
@@ -159,6 +162,8 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
     # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
     first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:
@@ -169,6 +174,28 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
     if max_len > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
+
+
+def _check_sinks(sinks, s_aux, q, nheads: int):
+    """Learnable attention sinks (`sinks`, as vLLM names them; `s_aux`, as gpt-oss and the FA3 fork
+    of vLLM do): one logit per query head that joins each row's softmax denominator.  Returns them as
+    fp32 (nheads,) (a differentiable cast: gradients flow back to the caller's tensor) or None."""
+    if s_aux is not None:
+        if sinks is not None:
+            raise ValueError("pass attention sinks as `sinks` or as `s_aux`, not both")
+        sinks, name = s_aux, "s_aux"
+    else:
+        name = "sinks"
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor (one logit per query head), got {sinks.dtype}")
+    _check_device(name, sinks, q)
+    if tuple(sinks.shape) != (nheads,):
+        raise ValueError(f"{name} must have shape ({nheads},) (one logit per query head), got {tuple(sinks.shape)}")
+    return sinks.to(torch.float32).contiguous()
 
 
 def _cu_seqlens_stats(cu):
@@ -193,7 +220,7 @@ def _finish(out, lse, probs, return_attn_probs):
 # --------------------------------------------------------------------------- dense
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None, s_aux=None):
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
 
     causal is aligned to the bottom-right corner when seqlen_q != seqlen_k.
@@ -203,53 +230,67 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     deterministic=True computes every gradient without atomics (bitwise reproducible); the default False
     lets the arch's tables choose atomics where they are faster (fp32 atomic dQ on AMD, atomic sums of
     split GQA groups on sm90; last-bit run-to-run differences there).
+    sinks (alias s_aux): optional learnable attention sinks, (nheads,) logits that join each row's
+    softmax denominator only (gpt-oss; FA3/vLLM's `s_aux`), differentiable; softmax_lse then includes
+    them.  With dropout, the probabilities (sink's share included in their denominator) are dropped.
     """
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
+    sinks = _check_sinks(sinks, s_aux, q, q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
     out, lse, probs = ops.attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
-        _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              sinks=None, s_aux=None):
     """qkv: (batch, seqlen, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
     q, k, v = qkv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             sinks=None, s_aux=None):
     """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv must be a tensor of shape (batch, seqlen_k, 2, nheads_k, headdim), got "
                          f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
     k, v = kv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 # --------------------------------------------------------------------------- varlen
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, sinks=None, s_aux=None,
+                           seqused_k=None):
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
 
     Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
-    (nheads, total_q). Paged KV (`block_table`) is not supported and raises.
+    (nheads, total_q).  Paged KV (flash-attn >= 2.6): with block_table (batch, max_num_blocks_per_seq)
+    int32, k and v are (num_blocks, page_block_size, nheads_k, headdim) pages (page_block_size any
+    multiple of 16) and sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of
+    its pages.  seqused_k (batch,) int32: only the first seqused_k[b] keys of sequence b are used.
+    Both are forward-only (as in flash-attn) and run the split-KV decode kernel (fa_amd.kvcache).
+    sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
     """
-    if block_table is not None:
-        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
+    if block_table is not None or seqused_k is not None:
+        return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                       block_table, seqused_k, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
@@ -262,17 +303,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if batch > MAX_GRID_YZ:
         raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
+    sinks = _check_sinks(sinks, s_aux, q, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, return_attn_probs)
     out, lse, probs = ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
-        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, sinks=None, s_aux=None):
     """qkv: (total, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
@@ -280,12 +322,13 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None,
+                                    s_aux=None):
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv must be a tensor of shape (total_k, 2, nheads_k, headdim), got "
@@ -293,4 +336,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     k, v = kv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks, s_aux=s_aux)
+
+
+# Decode side (flash_attn_with_kvcache, paged varlen): fa_amd/kvcache.py, which reuses the checks above,
+# so it is imported last (its import of this module finds every name already defined).
+from .kvcache import flash_attn_varlen_paged, flash_attn_with_kvcache  # noqa: E402

@@ -78,87 +78,10 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
 # --------------------------------------------------------------------------- kv-cache attention
 
 
-def flash_attn_with_kvcache(
-    q,
-    k_cache,
-    v_cache,
-    k=None,
-    v=None,
-    rotary_cos=None,
-    rotary_sin=None,
-    cache_seqlens=None,
-    cache_batch_idx=None,
-    cache_leftpad=None,
-    block_table=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    rotary_interleaved=True,
-    alibi_slopes=None,
-    num_splits=0,
-    return_softmax_lse=False,
-):
-    """flash-attn's decode entry point over a contiguous (non-paged) KV cache.
-
-    Appends k/v (if given) into k_cache/v_cache in place at ``cache_seqlens``,
-    then attends q to the filled part of each row (causal is bottom-right).
-    Paged caches, rotary fusion, cache_batch_idx/leftpad and returning the LSE
-    are not supported and raise.
-    """
-    from fa_amd import flash_attn_varlen_func
-
-    for name, value in (
-        ("rotary_cos", rotary_cos),
-        ("rotary_sin", rotary_sin),
-        ("cache_batch_idx", cache_batch_idx),
-        ("cache_leftpad", cache_leftpad),
-        ("block_table", block_table),
-    ):
-        if value is not None:
-            raise ValueError(f"fa_amd's flash_attn_with_kvcache does not support {name}")
-    if return_softmax_lse:
-        raise ValueError("fa_amd's flash_attn_with_kvcache does not support return_softmax_lse=True")
-    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
-        raise ValueError("q, k_cache and v_cache must be 4D (batch, seq, heads, head_dim)")
-    batch, seqlen_q = q.shape[:2]
-    cache_len = k_cache.shape[1]
-    if cache_seqlens is None:
-        filled = torch.full((batch,), 0 if k is not None else cache_len, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        filled = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        filled = cache_seqlens.to(device=q.device, dtype=torch.int32).reshape(batch)
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together")
-    if k is not None:
-        new = k.shape[1]
-        if int((filled + new).max()) > cache_len:
-            raise ValueError(f"appending {new} tokens overflows the KV cache of length {cache_len}")
-        rows = torch.arange(batch, device=q.device)[:, None]
-        cols = filled[:, None].long() + torch.arange(new, device=q.device)[None, :]
-        k_cache[rows, cols] = k.to(k_cache.dtype)
-        v_cache[rows, cols] = v.to(v_cache.dtype)
-        filled = filled + new
-    keep = torch.arange(cache_len, device=q.device)[None, :] < filled[:, None]
-    indices = torch.nonzero(keep.flatten(), as_tuple=False).flatten()
-    cu_k = torch.nn.functional.pad(torch.cumsum(filled, 0, dtype=torch.int32), (1, 0))
-    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
-    out = flash_attn_varlen_func(
-        q.reshape(batch * seqlen_q, *q.shape[2:]),
-        k_cache.reshape(-1, *k_cache.shape[2:])[indices],
-        v_cache.reshape(-1, *v_cache.shape[2:])[indices],
-        cu_q,
-        cu_k,
-        seqlen_q,
-        int(filled.max()),
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
-    return out.view(batch, seqlen_q, *out.shape[1:])
+# The real decode entry point (split-KV kernel, paged block_table, append + rotary in place): the
+# shim package serves fa_amd's own function, whose full flash-attn signature Transformers inspects to
+# decide which kwargs (block_table, cache_seqlens, softcap, ...) it may pass.
+from fa_amd.kvcache import flash_attn_with_kvcache  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the shim package

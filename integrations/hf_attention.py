@@ -11,7 +11,11 @@ backend:
 * 2D padding mask (left or right)  -> unpad, ``flash_attn_varlen_func``, pad back
 * ``cu_seq_lens_q/k`` kwargs       -> packed (padding-free) varlen
 * batch-1 ``position_ids`` resets  -> packed varlen, boundaries from the resets
-* KV-cache decode (sq < sk)        -> causal is bottom-right aligned in fa_amd
+* KV-cache decode (a cache holds earlier tokens, at most DECODE_MAX_QUERY_LEN new ones, no grad)
+                                   -> the split-KV decode kernel over the cache (fa_amd.kvcache), with
+                                      the padding mask's bounds (and holes) computed on the device
+* continuous batching (a ``PagedAttentionCache`` in ``cache``) -> the cache's update, then
+  ``flash_attn_with_kvcache`` with its block table (decode) or varlen over the gathered keys
 
 The mask side (``fa_amd_attention_mask``) hands the attention a 2D padding mask
 or ``None``; it never builds an O(s^2) 4D mask.
@@ -52,17 +56,21 @@ HARMLESS_KWARGS = frozenset(
 # any of them with a non-None value raises instead of silently computing
 # something else.
 UNSUPPORTED_KWARGS = {
-    "s_aux": "learnable attention sinks (s_aux)",
-    "sinks": "learnable attention sinks (sinks)",
     "position_bias": "an additive position bias",
     "head_mask": "a per-head mask",
     "indices": "sparse attention indices",
     "block_indices": "block-sparse attention indices",
-    "block_table": "a paged KV cache (block_table)",
-    "k_cache": "a paged KV cache (k_cache)",
-    "v_cache": "a paged KV cache (v_cache)",
-    "cache": "a paged KV cache (continuous batching)",
+    "block_table": "a paged KV cache (block_table) without its PagedAttentionCache (`cache`)",
+    "k_cache": "a paged KV cache (k_cache) without its PagedAttentionCache (`cache`)",
+    "v_cache": "a paged KV cache (v_cache) without its PagedAttentionCache (`cache`)",
 }
+
+# A forward with at most this many new tokens on top of a KV cache runs the split-KV decode kernel
+# (its rows are (token, head-of-group) pairs; longer chunks are prefill work for the forward kernel).
+DECODE_MAX_QUERY_LEN = 16
+# Keyword arguments continuous batching threads through the model next to its `cache`; the cache's
+# update reads (and rewrites) them.
+_PAGED_BOOKKEEPING = ("read_index", "write_index", "logits_indices", "logits_processor_args")
 
 _warned = set()
 
@@ -234,7 +242,17 @@ def fa_amd_attention_forward(
     deterministic: Optional[bool] = None,
     **kwargs,
 ):
-    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None)."""
+    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None).
+
+    Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
+    """
+    # to the kernels under the caller's name (the errors then name it too)
+    sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
+    cache = kwargs.pop("cache", None)
+    if cache is not None:  # continuous batching: a paged cache the attention updates itself
+        return _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window,
+                                      softcap, is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
+                                      kwargs, sink_kwargs)
     _check_kwargs(kwargs)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
@@ -280,8 +298,11 @@ def fa_amd_attention_forward(
         softcap=0.0 if softcap is None else float(softcap),
         deterministic=bool(deterministic) if deterministic is not None else False,
     )
+    common.update(sink_kwargs)
 
-    if attention_mask is not None:
+    if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k):
+        out = _decode_attention(query, key, value, attention_mask, common)
+    elif attention_mask is not None:
         out = _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common)
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
         if any(x is None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
@@ -323,6 +344,124 @@ def fa_amd_attention_forward(
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k) -> bool:
+    """A KV cache holds earlier tokens (more keys than queries), the new tokens are few, and nothing
+    needs a backward (the decode kernel is forward-only): (b, s, h, d) layout."""
+    if cu_seq_lens_q is not None or cu_seq_lens_k is not None or dropout_p > 0.0:
+        return False
+    if query.shape[1] > DECODE_MAX_QUERY_LEN or key.shape[1] <= query.shape[1]:
+        return False
+    return not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
+
+
+def _decode_bounds(mask: torch.Tensor):
+    """(first kept key, last kept key + 1, per-key mask or None) per row of a 2D padding mask, on the
+    device (no sync).  The kernel attends keys [first, end); the per-key mask also drops holes, which a
+    left-padded generate() mask never has but a hand-made one may; masks the "fa_amd" mask function
+    built itself (a static cache's filled prefix) are hole-free and need none."""
+    keep = mask.to(torch.bool)
+    length = keep.shape[1]
+    index = torch.arange(1, length + 1, device=keep.device, dtype=torch.int32)
+    end = (keep * index).amax(-1).to(torch.int32)
+    start = torch.minimum(torch.where(keep, index - 1, length).amin(-1).to(torch.int32), end)
+    hole_free = memo_per_tensor(mask, _FILL_MASK, lambda _: False)
+    return start, end, None if hole_free else keep.view(torch.uint8)
+
+
+# memo tag of the masks fa_amd_attention_mask builds for a static cache (a filled prefix, no holes)
+_FILL_MASK = "fa_amd_fill_mask"
+
+
+def _decode_attention(query, key, value, attention_mask, common):
+    """The new tokens' attention over the cache (flash layout), by the split-KV decode kernel."""
+    from fa_amd.kvcache import decode_attention
+
+    start = end = key_mask = None
+    if attention_mask is not None:
+        if attention_mask.shape[0] != query.shape[0]:
+            raise ValueError(f"attention_mask batch {attention_mask.shape[0]} does not match the query batch "
+                             f"{query.shape[0]}")
+        length = attention_mask.shape[1]
+        if key.shape[1] > length:  # a static cache hands over its whole buffer
+            key, value = key[:, :length], value[:, :length]
+        elif key.shape[1] < length:
+            raise ValueError(f"attention_mask covers {length} keys but only {key.shape[1]} were given")
+        # every layer gets the same mask object: its bounds are computed once per forward
+        start, end, key_mask = memo_per_tensor(attention_mask, ("decode_bounds", str(query.device)), _decode_bounds)
+    if key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel reads head dims contiguously
+        key, value = key.contiguous(), value.contiguous()
+    left, right = common["window_size"]
+    if common["causal"]:
+        right = 0
+    scale = common["softmax_scale"]
+    sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
+    out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
+                              right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
+                              sinks=sinks)
+    return out
+
+
+def _sinks(sinks, s_aux, query):
+    """Learnable sinks (gpt-oss's s_aux) as the kernels take them: fp32 (heads,), checked; or None."""
+    if sinks is None and s_aux is None:
+        return None
+    from fa_amd.interface import _check_sinks
+
+    return _check_sinks(sinks, s_aux, query, query.shape[-2])
+
+
+def _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window, softcap,
+                           is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, kwargs, sink_kwargs):
+    """Continuous batching (``generate_batch``, ``transformers serve``): the PagedAttentionCache writes
+    the new keys/values (or, on a decode-only batch with a block table, hands over its pages), then
+    fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys."""
+    from transformers.generation.continuous_batching import PagedAttentionCache
+
+    if not isinstance(cache, PagedAttentionCache):
+        raise ValueError(f"fa_amd attention got `cache` of type {type(cache).__name__}; only Transformers' "
+                         "PagedAttentionCache (continuous batching) is understood there")
+    state = {name: kwargs.pop(name) for name in _PAGED_BOOKKEEPING + ("block_table",) if name in kwargs}
+    _check_kwargs(kwargs)
+    if attention_mask is not None:
+        raise ValueError("continuous batching with fa_amd runs unmasked varlen attention; got an attention_mask "
+                         "(is the model registered as a flash implementation?)")
+    if cu_seq_lens_q is None or cu_seq_lens_k is None or max_length_q is None or max_length_k is None:
+        raise ValueError("a PagedAttentionCache needs cu_seq_lens_q/k and max_length_q/k")
+    state.update(cu_seq_lens_k=cu_seq_lens_k, max_length_k=max_length_k)
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=state)
+    cu_k, max_k = state["cu_seq_lens_k"], _as_int(state["max_length_k"], "max_length_k")
+    hq, d = query.shape[1], query.shape[-1]
+    # flash layout of the packed batch: (tokens, heads, d)
+    query, key, value = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    target_dtype = _target_dtype(query, module)
+    if target_dtype is not None:
+        query = query.to(target_dtype)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    left, right = sliding_window_to_window_size(sliding_window, causal, max_k)
+    if causal:
+        right = 0
+    scale = d ** -0.5 if scaling is None else float(scaling)
+    softcap = 0.0 if softcap is None else float(softcap)
+    if state.get("block_table") is not None:
+        # decode-only batch: one new token per sequence, appended into its pages by the kernel
+        from fa_amd.kvcache import append_and_attend
+
+        n = query.shape[0]
+        cache_seqlens = (cu_k[1:n + 1] - cu_k[:n] - 1).to(torch.int32)
+        out = append_and_attend(query[:, None], state["k_cache"], state["v_cache"], key[:, None].to(query.dtype),
+                                value[:, None].to(query.dtype), scale, left, right, softcap, cache_seqlens,
+                                state["block_table"],
+                                _sinks(sink_kwargs.get("sinks"), sink_kwargs.get("s_aux"), query))
+    else:
+        _, flash_attn_varlen_func = _kernels()
+        out = flash_attn_varlen_func(query, key.to(query.dtype), value.to(query.dtype),
+                                     _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device),
+                                     _as_cu_seqlens(cu_k, "cu_seq_lens_k", query.device),
+                                     _as_int(max_length_q, "max_length_q"), max_k, softmax_scale=scale, causal=causal,
+                                     window_size=(left, right), softcap=softcap, **sink_kwargs)
+    return out.reshape(1, -1, hq, d), None
 
 
 def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common):
@@ -399,12 +538,25 @@ def fa_amd_attention_mask(
     building_causal = "allow_is_bidirectional_skip" not in kwargs
     if attention_mask is None and building_causal and kv_length > q_length:
         filled = q_offset + q_length
+        if isinstance(filled, torch.Tensor) and isinstance(kv_offset, int) and kv_offset == 0:
+            # a static cache's fill level lives on the device: a (batch, kv_length) mask of the filled
+            # prefix, built there (no sync, torch.compile and graphs keep it); the attention reads
+            # its bounds (decode kernel) or unpads by it
+            device = kwargs.get("device", filled.device)
+            fill = torch.arange(kv_length, device=device) < filled.to(device)
+            fill = fill[None, :].expand(batch_size, kv_length)
+            memo_per_tensor(fill, _FILL_MASK, lambda _: True)
+            return fill
         if isinstance(filled, torch.Tensor):
             filled = int(filled.item())
         if kv_offset + kv_length > filled:
             device = kwargs.get("device", "cpu")
             return torch.ones(batch_size, filled, dtype=torch.bool, device=device)
         return None
+    if attention_mask is not None and attention_mask.dim() == 2 and torch.compiler.is_compiling():
+        # flash_attention_mask drops an all-ones mask after a data-dependent `.all()` (a graph break);
+        # a traced graph keeps the mask instead, which the attention handles without a sync either way
+        return attention_mask[:, -kv_length:]
     return flash_attention_mask(
         batch_size=batch_size,
         q_length=q_length,

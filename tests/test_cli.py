@@ -39,6 +39,9 @@ def test_bench_smoke(tmp_path):
     # the plot sits next to the doc and is linked from it; the rows a rival wins are listed
     assert (tmp_path / "PERF.png").stat().st_size > 0 and "](PERF.png)" in doc
     assert "Where fa_amd trails" in doc
+    # the SDPA route row: an SDPA-calling model timed without and with fa_amd.sdpa_route()
+    route = [r for r in payload["results"] if r["kind"] == "sdpa_route" and r["method"] == "fa_amd route"]
+    assert len(route) == 2 and all(r["ms"] > 0 for r in route) and "fa_amd.sdpa_route()" in doc
     # --host-time: the CPU time to issue each forward+backward (no CUDA graph without a GPU)
     fb = [r for r in fa if r["mode"] == "fwd+bwd"]
     assert all(r["host_ms"] > 0 for r in fb) and "Host vs GPU time" in doc

@@ -27,7 +27,7 @@ from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges
 from .launch import cdiv, grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, \
     row_strides, score_args, shape_info
-from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, sink_grad_rows
 
 
 @triton.jit
@@ -37,8 +37,11 @@ def bwd_preprocess_kernel(
     stride_dob, stride_dom, stride_doh,
     stride_lb, stride_lh,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    Lse=None, Sinks=None, DSinksPart=None, HAS_SINKS: tl.constexpr = False,
 ):
-    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term."""
+    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term; with sinks also
+    this block's share of d sink_h, one fp32 per program (summed by the launcher in a fixed
+    order: deterministic, no atomics)."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -56,6 +59,11 @@ def bwd_preprocess_kernel(
                  + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < q_len)
+    if HAS_SINKS:
+        lse = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, mask=offs_m < q_len,
+                      other=float("inf"))
+        tl.store(DSinksPart + (b64 * tl.num_programs(1) + h) * tl.num_programs(0) + pid_m,
+                 sink_grad_rows(Sinks, h, lse, delta, offs_m < q_len))
 
 
 @triton.jit
@@ -475,8 +483,11 @@ def backward_dq_mode(family: str, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
 
 def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                       deterministic=True):
-    """Returns (dq, dk, dv) with the shapes of q, k, v.
+                       deterministic=True, sinks=None):
+    """Returns (dq, dk, dv) with the shapes of q, k, v; with `sinks` (fp32 (nheads_q,), the forward's
+    learnable sink logits; lse includes them) returns (dq, dk, dv, dsinks), dsinks fp32 (nheads_q,).
+    The dK/dV and dQ kernels need nothing for sinks (dS = P * (dP - delta) given that lse);
+    d sink_h = -sum exp(sink_h - lse) * delta comes from the preprocess kernel, deterministic.
 
     deterministic=True: no atomics anywhere (bitwise reproducible); dQ from dQ programs, fused into
     the dK/dV launch or in a second kernel (backward_dq_mode).
@@ -487,8 +498,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     dq = new_output(q, q.shape)
     dk = new_output(k, k.shape)
     dv = new_output(v, v.shape)
+    dsinks = None if sinks is None else torch.zeros(hq, device=q.device, dtype=torch.float32)
     if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return _with_dsinks((dq.zero_(), dk.zero_(), dv.zero_()), dsinks)
     if max_seqlen_q == 0:
         dq.zero_()
     d_pad = head_dim_padded(d)
@@ -503,11 +515,17 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     common = kernel_args(hq, hk, d, d_pad, varlen, flags)
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
+        sink_args = {}
+        if sinks is not None:  # one slot per program for its rows' share of d sink (early exits leave 0)
+            dsinks_part = torch.zeros((batch, hq, cdiv(max_seqlen_q, pre_block)), device=q.device, dtype=torch.float32)
+            sink_args = dict(Lse=lse, Sinks=sinks, DSinksPart=dsinks_part, HAS_SINKS=True)
         bwd_preprocess_kernel[(cdiv(max_seqlen_q, pre_block), hq, batch)](
             out, dout, delta, cu_q, seqlen_q,
             *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen),
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen, **sink_args,
         )
+        if sinks is not None:
+            dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
     strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
                   *row_strides(dout, varlen))
     mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
@@ -564,4 +582,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
-    return dq, dk, dv
+    return _with_dsinks((dq, dk, dv), dsinks)
+
+
+def _with_dsinks(grads, dsinks):
+    """(dq, dk, dv), plus d sinks when the forward had sinks."""
+    return grads if dsinks is None else (*grads, dsinks)

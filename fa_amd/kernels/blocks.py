@@ -78,7 +78,8 @@ def dot_rows_nt(acc, A_rows, a_ok, B_rows, b_ok, HEAD_DIM: tl.constexpr, D_PAD: 
     """acc + A @ B^T for A, B row-major [rows, HEAD_DIM] in memory (A_rows / B_rows: [R, 1] row
     pointers, a_ok / b_ok: [R, 1] row masks; masked rows read as 0), loaded D_CHUNK head-dim
     columns at a time: only one slice of each operand is ever held in registers."""
-    CHUNK: tl.constexpr = min(D_CHUNK, D_PAD)
+    # a conditional expression, not min(): before triton 3.6 min() of constexprs is tl.minimum (a tensor)
+    CHUNK: tl.constexpr = D_CHUNK if D_CHUNK < D_PAD else D_PAD
     offs = tl.arange(0, CHUNK)
     for c in tl.static_range(0, D_PAD, CHUNK):
         col_ok = (c + offs[None, :]) < HEAD_DIM

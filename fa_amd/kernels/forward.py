@@ -24,7 +24,7 @@ from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
     score_args, shape_info
-from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, sink_init
 
 
 @triton.jit
@@ -56,7 +56,8 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             else:
                 kT = tl.load(kT_ptrs)
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
-        if POSITIVE_SCALE and not MASK and not IS_SOFTCAP and not HAS_ALIBI:
+        # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
+        if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
             # argument as one FMA per element (scale > 0 keeps the max where it was)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
@@ -107,6 +108,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -140,6 +142,8 @@ def attn_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        m_i, l_i = sink_init(Sinks, h, BLOCK_M)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -248,8 +252,11 @@ def attn_probs_kernel(
 # --------------------------------------------------------------------------- launcher
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
-    """Returns (out, softmax_lse, probs); probs is empty unless return_probs."""
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None):
+    """Returns (out, softmax_lse, probs); probs is empty unless return_probs.
+
+    sinks: None, or fp32 (nheads_q,) learnable sink logits that join each row's softmax
+    denominator (softmax_lse then includes them; probs exclude the sink's share)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     out = new_output(q, q.shape)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
@@ -272,7 +279,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), *row_strides(out, varlen),
         *lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common,
-                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max))
+                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+                                          **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q

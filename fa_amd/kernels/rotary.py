@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .launch import next_power_of_2
 
 # ---------------------------------------------------------------------------
@@ -303,6 +304,10 @@ def _rotate_one(x: torch.Tensor, cos, sin, interleaved: bool, heads_first: bool,
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
     if x.device != cos.device:
         raise ValueError(f"{name} is on {x.device} but cos/sin are on {cos.device}")
+    if x.device.type == "cpu":  # Triton's interpreter, set up right, or an error that says what is wrong
+        check_interpreter_supported()
+        if not INTERPRET:
+            raise ValueError(cpu_without_interpreter_message(name))
     x_bshd = x.transpose(1, 2) if heads_first else x
     if x_bshd.stride(-1) != 1:
         x_bshd = x_bshd.contiguous()

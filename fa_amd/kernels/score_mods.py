@@ -11,7 +11,12 @@ Conventions (flash-attn >= 2.1):
     query's bottom-right aligned diagonal.  causal == window right bound 0;
     window (left, right) keeps  -left <= rel <= right;
   * ALiBi adds  -slope * |rel|;
-  * softcap maps  s -> softcap * tanh(s / softcap)  before ALiBi and masking.
+  * softcap maps  s -> softcap * tanh(s / softcap)  before ALiBi and masking;
+  * a learnable sink (one logit per query head, gpt-oss's s_aux) joins the softmax
+    denominator only: lse_i = log(sum_j exp(s_ij) + exp(sink_h)), out_i = sum_j
+    exp(s_ij - lse_i) v_j.  The forward starts its online softmax from it (sink_init);
+    the backward's dP/dS are unchanged given that lse, and d sink_h = -sum_i
+    exp(sink_h - lse_i) * delta_i (sink_grad_rows).
 """
 import triton
 import triton.language as tl
@@ -100,3 +105,26 @@ def dropout_seed(SeedState, HAS_DROPOUT: tl.constexpr):
         seed = tl.load(SeedState)
         seed_offset = tl.load(SeedState + 1).to(tl.int32)
     return seed, seed_offset
+
+
+@triton.jit
+def sink_init(Sinks, h, BLOCK_M: tl.constexpr):
+    """Online-softmax start state (m, l), in log2 units, of the rows of query head h with a
+    learnable attention sink: the sink is one more logit in the softmax denominator, with no
+    value row, so before any key is seen the running max is the sink and the running sum
+    exp(sink - max) is 1; the key loop then rescales it like any other term.  A row that sees
+    no key keeps output 0 and gets lse = sink.  A -inf sink (a head without one) gives the plain
+    start (m = -inf, l = 0)."""
+    sink_log2 = tl.load(Sinks + h).to(tl.float32) * LOG2E
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
+    l = tl.where(m == float("-inf"), 0.0, 1.0)
+    return m, l
+
+
+@triton.jit
+def sink_grad_rows(Sinks, h, lse, delta, row_ok):
+    """This tile's share of d sink_h = -sum_i exp(sink_h - lse_i) * delta_i (delta_i = rowsum(dO_i * O_i)):
+    the sink's probability times its softmax gradient (its dP is 0: it has no value row)."""
+    sink = tl.load(Sinks + h).to(tl.float32)
+    p_sink = tl.exp2((sink - lse) * LOG2E)
+    return -tl.sum(tl.where(row_ok, p_sink * delta, 0.0), 0)

@@ -103,7 +103,8 @@ def test_cu_seqlens_length_mismatch(device):
             cu_seqlens([8], device), 5, 8)
 
 
-def test_block_table_rejected(device):
+def test_block_table_needs_paged_kv(device):
+    # block_table is supported (paged KV); unpaged 3-D k/v with it is a clear error naming block_table
     q, k, v = (x[0] for x in _qkv(device))
     cu = cu_seqlens([8], device)
     _raises(ValueError, "block_table", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 8, 8,
