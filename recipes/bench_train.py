@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import finetune_common as common  # noqa: E402
 import finetune_data as data  # noqa: E402
+from finetune_options import MAX_SEED, OneLineArgumentParser, float_in, int_at_least  # noqa: E402
 
 BENCH_SHAPE = common.ModelShape(hidden_size=2048, intermediate_size=5632, num_layers=8, num_heads=16, num_kv_heads=4)
 # bench cells that run the sdpa model with SDPA forced to one backend (torch.nn.attention.SDPBackend names)
@@ -61,27 +62,31 @@ SDPA_OPS = {"_scaled_dot_product_flash_attention": "flash", "_scaled_dot_product
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="bench_train.py", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-loss", action="store_true",
                         help="compare loss curves of the implementations instead of measuring throughput")
     parser.add_argument("--attn", nargs="+", choices=ATTN_CHOICES, default=None,
                         help="implementations (sdpa-<backend>: sdpa forced to that backend); default: fa_amd sdpa "
                              "eager, plus sdpa-flash sdpa-efficient sdpa-cudnn for throughput on an NVIDIA GPU")
     parser.add_argument("--modes", nargs="+", choices=("packed", "padded"), default=["packed", "padded"])
-    parser.add_argument("--seq-lens", nargs="+", type=int, default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
-    parser.add_argument("--batch-tokens", type=int, default=None,
+    parser.add_argument("--seq-lens", nargs="+", type=int_at_least(2), default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=None,
                         help="token budget per step (default on GPU: 16384, 4096 for --compare-loss; raised to "
                              "the seq-len if smaller)")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    parser.add_argument("--warmup-steps", type=int_at_least(0), default=3, help="untimed steps first (compilation, autotuning)")
     parser.add_argument("--rounds", type=positive_int, default=1,
                         help="throughput: measure every implementation this many times, in alternating order "
                              "(a fresh model each time), and report the median round: the GPU's clock and "
@@ -95,17 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                         help="throughput: weights and optimizer in this dtype; --compare-loss: autocast dtype over "
                              "fp32 weights (default: bf16 on GPU, fp32 on CPU)")
-    parser.add_argument("--dropout", type=float, default=0.0, help="attention dropout (forced 0 for --compare-loss)")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), default=0.0, help="attention dropout (forced 0 for --compare-loss)")
+    parser.add_argument("--lr", type=float_in(0.0, low_open=True), default=3e-4)
     parser.add_argument("--reference", choices=ATTN_CHOICES, default="sdpa",
                         help="--compare-loss: implementation the gaps are measured against")
     parser.add_argument("--no-fused-rope", action="store_true", help="fa_amd without the fused rotary patch")
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument("--intermediate-size", type=int, default=None)
-    parser.add_argument("--num-layers", type=int, default=None)
-    parser.add_argument("--num-heads", type=int, default=None)
-    parser.add_argument("--num-kv-heads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden-size", type=positive_int, default=None)
+    parser.add_argument("--intermediate-size", type=positive_int, default=None)
+    parser.add_argument("--num-layers", type=positive_int, default=None)
+    parser.add_argument("--num-heads", type=positive_int, default=None)
+    parser.add_argument("--num-kv-heads", type=positive_int, default=None)
+    parser.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0)
     parser.add_argument("--output-dir", default="runs/bench_train")
     return parser
 
