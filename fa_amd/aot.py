@@ -76,7 +76,9 @@ _RDNA_BEFORE_3_6 = ("spills under triton < 3.6 at every tile tried (64-bit point
                     "loads before 3.6); correct but slower; docs/AOT.md has the figures")
 KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {
     "triton<3.6": {("gfx1100", kernel, d): _RDNA_BEFORE_3_6
-                   for kernel in ("fwd", "dkdv", "dkdv_atomic", "dq", "probs") for d in (64, 128, 256)},
+                   for kernel in ("fwd", "dkdv", "dkdv_atomic", "dq", "probs") for d in (64, 128, 256)}
+                  | {("gfx1100", "rotary", d): _RDNA_BEFORE_3_6 + " (rotary d128 plain: 116 B under triton 3.2)"
+                     for d in (64, 128, 256)},
 }
 
 

@@ -444,7 +444,7 @@ def _decode_bounds(mask: torch.Tensor):
     end = (keep * index).amax(-1).to(torch.int32)
     start = torch.minimum(torch.where(keep, index - 1, length).amin(-1).to(torch.int32), end)
     hole_free = memo_per_tensor(mask, _FILL_MASK, lambda _: False)
-    return start, end, None if hole_free else keep.view(torch.uint8)
+    return start, end, None if hole_free else keep.to(torch.uint8)  # (a bool view does not lower in inductor)
 
 
 # memo tag of the masks fa_amd_attention_mask builds for a static cache (a filled prefix, no holes)

@@ -128,6 +128,7 @@ def test_launch_calls_carry_the_launchers_dtypes():
     assert "waves_per_eu" not in call.kwargs
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("kernel,variant", [("fwd", "all"), ("probs", "all"), ("preprocess", "all"),
                                             ("dkdv", "split"), ("dq", "all"), ("dkdv_atomic", "all"),
                                             ("dkdv_fused", "all"), ("rotary", "plain"), ("rotary", "all")])

@@ -147,6 +147,7 @@ def test_flop_counts():
     assert sum(v.doc_lens) == bench.TOKENS and len(v.doc_lens) == 17 and min(v.doc_lens) >= 64
 
 
+@pytest.mark.cpu_only
 def test_check_cpu():
     res = run_cli("check", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -157,7 +157,10 @@ _CB_SCRIPT = textwrap.dedent(
 
     model.set_attn_implementation("flash_attention_2")
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=-1)
-    cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64, page_size=16)
+    import inspect
+    # the page-size argument was renamed (block_size in Transformers <= 5.17, page_size later)
+    page_arg = "page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters else "block_size"
+    cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64, **{page_arg: 16})
     results = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
                                    progress_bar=False, warmup=False)
     got = [results[f"req_{i}"].generated_tokens for i in range(len(prompts))]

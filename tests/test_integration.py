@@ -202,8 +202,9 @@ def test_packed_check_syncs_once_per_position_ids(monkeypatch):
         (dict(some_new_feature=torch.zeros(1)), "some_new_feature"),
     ],
 )
-def test_unsupported_kwargs_raise(kwargs, match):
-    q, k, v = _qkv()
+def test_unsupported_kwargs_raise(device, kwargs, match):
+    q, k, v = _qkv(device=device)
+    kwargs = {name: t.to(device) for name, t in kwargs.items()}
     with pytest.raises(ValueError, match=match):
         fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, **kwargs)
 

@@ -158,6 +158,7 @@ def test_readme_and_pyproject_state_the_floor():
 
 # --------------------------------------------------------------------------- fa-amd check / info
 
+@pytest.mark.cpu_only
 def test_check_bf16_checks_bf16():
     res = subprocess.run([sys.executable, "-m", "fa_amd.cli", "check", "--dtype", "bf16"], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES=""))
