@@ -14,6 +14,12 @@ from .interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from .fp8 import (
+    flash_attn_fp8_func,
+    flash_attn_qkvpacked_fp8_func,
+    flash_attn_varlen_fp8_func,
+    flash_attn_varlen_qkvpacked_fp8_func,
+)
 
 __version__ = "0.1.0"
 
@@ -24,6 +30,10 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_fp8_func",
+    "flash_attn_qkvpacked_fp8_func",
+    "flash_attn_varlen_fp8_func",
+    "flash_attn_varlen_qkvpacked_fp8_func",
     "__version__",
 ]
 

@@ -24,31 +24,36 @@ from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
     score_args, shape_info
-from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, load_descales, p_shift, \
+    score_log2, seq_bounds
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, start, end,
-               offs_m, offs_n, offs_d, diag, k_len,
+def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, start, end,
+               offs_m, offs_n, offs_d, diag, k_len, v_len,
                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                seed, seed_offset, bh, keep_threshold,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr):
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
+        if FP8:
+            # every non-empty range of blocks.key_ranges starts on a multiple of BLOCK_N; said here so
+            # token-major V tiles (contiguous along cols) load as aligned vectors
+            cols = tl.max_contiguous(tl.multiple_of(start_n + offs_n, BLOCK_N), BLOCK_N)
         if RELOAD_CHUNK:
             # q streamed in head-dim chunks with each key block
             qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
                               q_rows, offs_m[:, None] < in_loop(q_len, start_n, end),
                               K_head + cols[:, None] * stride_kn, cols[:, None] < k_len,
                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
-            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
         else:
             kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
-            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
             if MASK:
                 kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             elif D_PAD != HEAD_DIM:
@@ -56,12 +61,13 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             else:
                 kT = tl.load(kT_ptrs)
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
-        if POSITIVE_SCALE and not MASK and not IS_SOFTCAP and not HAS_ALIBI:
+        # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
+        if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
             # argument as one FMA per element (scale > 0 keeps the max where it was)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
             m_shift = m_new
-            p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+            p = tl.exp2(qk * qk_scale_log2 - p_shift(m_shift, FP8)[:, None])
         else:
             s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                               softcap_log2, slope_log2, win_left, win_right,
@@ -72,7 +78,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
                 m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             else:
                 m_shift = m_new
-            p = tl.exp2(s - m_shift[:, None])
+            p = tl.exp2(s - p_shift(m_shift, FP8)[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -80,7 +86,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             p = tl.where(keep, p, 0.0)
         if MASK:
-            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < v_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif D_PAD != HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
@@ -96,11 +102,11 @@ def attn_fwd_kernel(
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
+    stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -112,6 +118,8 @@ def attn_fwd_kernel(
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
+    FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
@@ -122,6 +130,17 @@ def attn_fwd_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
+    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)
+    v_len = k_len  # the keys' V rows the masked loads read
+    if FP8:  # S = (q8 . k8) * q_descale * k_descale: folded into the scalar score scales
+        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
+        softcap_div = softcap_div * (q_descale * k_descale)
+        if not IS_VARLEN:
+            # token-major V (stride_vn == 1; fa_amd.fp8 pads its rows to a multiple of 16 tokens with
+            # zeros): masked tiles read whole rows up to the row stride, so their loads stay 16-byte
+            # vectors and the tile goes to shared memory by cp.async like the unmasked ones (its
+            # P columns past k_len are 0).  Head-dim-major V has stride_vd == 1: v_len is k_len.
+            v_len = (k_len + stride_vd - 1) // stride_vd * stride_vd
 
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
@@ -144,29 +163,32 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
-                                   offs_m, offs_n, offs_d, diag, k_len,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, lo, full_lo,
+                                   offs_m, offs_n, offs_d, diag, k_len, v_len,
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
                                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
-                               offs_m, offs_n, offs_d, diag, k_len,
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, full_lo, full_hi,
+                               offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
-                               offs_m, offs_n, offs_d, diag, k_len,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, full_hi, hi,
+                               offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
     if HAS_DROPOUT:
         out = out * keep_scale
+    if FP8:
+        out = out * v_descale
+        m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
     lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
     o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
@@ -187,7 +209,7 @@ def attn_probs_kernel(
     stride_lb, stride_lh,
     stride_pb, stride_ph, stride_pm,
     Alibi, stride_ab, SeedState, keep_threshold,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -209,6 +231,11 @@ def attn_probs_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     row_mask = offs_m < q_len
+    FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
+    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)  # v: unused
+    if FP8:  # as in attn_fwd_kernel
+        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
+        softcap_div = softcap_div * (q_descale * k_descale)
     if RELOAD_CHUNK:
         q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
                   + offs_m[:, None] * stride_qm)
@@ -248,13 +275,18 @@ def attn_probs_kernel(
 # --------------------------------------------------------------------------- launcher
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
-    """Returns (out, softmax_lse, probs); probs is empty unless return_probs."""
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
+                      descale=None, out_dtype=None):
+    """Returns (out, softmax_lse, probs); probs is empty unless return_probs.
+
+    FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
+    (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
+    both); V may then also be token-major per head (v.stride(-3) == 1)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-    out = new_output(q, q.shape)
+    out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
     probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
-    probs = q.new_zeros(probs_shape)
+    probs = q.new_zeros(probs_shape, dtype=out.dtype)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         return out, lse, probs
     d_pad = head_dim_padded(d)
@@ -262,22 +294,25 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
     arch = arch_for(q)
-    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k))
+    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k),
+                         fp8=descale is not None)
     # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    descale = q if descale is None else descale  # read only on the FP8 path
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
-        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), *row_strides(out, varlen),
-        *lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common,
-                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max))
+        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
+        *row_strides(out, varlen), *lse_strides(lse, varlen)),
+        dict(keep_scale=keep_scale, descale=descale, **scalars, **common, POSITIVE_SCALE=softmax_scale > 0 and raw_max))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
         launch(attn_probs_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
             q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
-            probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
+            probs.stride(0), probs.stride(1), probs.stride(2)),
+            dict(SeedState=seed_state, descale=descale, **scalars, **common))
     return out, lse, probs

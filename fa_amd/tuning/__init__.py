@@ -30,13 +30,15 @@ def _overrides():
     return tuned_table.load_tuned_table()  # reads a json file only when present
 
 
-def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False) -> Dict:
+def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False,
+                  fp8: bool = False) -> Dict:
     """A table entry as a launch dict: its "causal" override applied for causal
     (or right-windowed) attention, its "short" override for launches with at most
-    tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32 inputs, and the
+    tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32 inputs, its "fp8"
+    override for fp8 inputs (half the shared memory per tile), and the
     default of every kernel switch (tables.KERNEL_SWITCHES) it does not set."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
-    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32)):
+    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
     for name, default in KERNEL_SWITCHES.items():
@@ -44,7 +46,7 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     return cfg
 
 
-# (arch, kernel, head dim, fp32, causal) -> (the rows it was resolved from, launch dict).
+# (arch, kernel, head dim, fp32, causal, short, fp8) -> (the rows it was resolved from, launch dict).
 # Every launch asks for its config; resolving it again each time was most of the
 # launchers' host time.  An entry is used only while the table it came from is
 # the same object (a tuned table read from disk, a candidate under test, or a
@@ -61,12 +63,12 @@ def _table_rows(arch: Arch, head_dim_padded: int):
 
 
 def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
-                   short: bool = False) -> Dict:
-    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short))
+                   short: bool = False, fp8: bool = False) -> Dict:
+    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short), bool(fp8))
     hit = _RESOLVED.get(key)
     if hit is not None and hit[0] is rows:
         return dict(hit[1])
-    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short)
+    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
     if len(_RESOLVED) > 256:
         _RESOLVED.clear()
     _RESOLVED[key] = (rows, cfg)
@@ -74,12 +76,13 @@ def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32:
 
 
 def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
-               short: bool = False) -> Dict:
+               short: bool = False, fp8: bool = False) -> Dict:
     """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options.
-    short: the launch has at most tables.SHORT_SEQLEN_K keys per row (see is_short)."""
+    short: the launch has at most tables.SHORT_SEQLEN_K keys per row (see is_short); fp8: fp8 operands."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    return _cached_config(_table_rows(arch, head_dim_padded), arch, kernel, head_dim_padded, is_fp32, causal, short)
+    return _cached_config(_table_rows(arch, head_dim_padded), arch, kernel, head_dim_padded, is_fp32, causal, short,
+                          fp8)
 
 
 def is_short(max_seqlen_k: int) -> bool:
@@ -88,10 +91,10 @@ def is_short(max_seqlen_k: int) -> bool:
 
 
 def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
-             short: bool = False) -> Dict:
+             short: bool = False, fp8: bool = False) -> Dict:
     row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
     # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
-    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal, short)
+    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal, short, fp8)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
@@ -100,8 +103,8 @@ def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool,
 
 
 def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
-                   short: bool = False) -> Dict:
-    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short)
+                   short: bool = False, fp8: bool = False) -> Dict:
+    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short, fp8)
 
 
 def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
@@ -139,3 +142,27 @@ def gqa_split_sum(family: str) -> str:
     """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed,
     on this arch family (tables.GQA_SPLIT_SUM)."""
     return _family_choice("GQA_SPLIT_SUM", family, "partials", ("partials", "atomic"))
+
+
+def _by_arch(table: Dict, arch: Arch, default):
+    """A per-target table's entry for `arch`: by its name first, then by its family."""
+    if arch.name in table:
+        return table[arch.name]
+    return table.get(family_of(arch), default)
+
+
+def fp8_dtype_names(arch: Arch) -> tuple:
+    """torch dtype names of the FP8 types with a dot product on `arch` (tables.FP8_DTYPES), the
+    quantising functions' type first; () where there is none."""
+    return tuple(_by_arch(tables.FP8_DTYPES, arch, ()))
+
+
+def fp8_min_triton(arch: Arch) -> tuple:
+    """The oldest (major, minor) Triton that compiles `arch`'s FP8 dot (tables.FP8_MIN_TRITON)."""
+    return tuple(_by_arch(tables.FP8_MIN_TRITON, arch, (3, 2)))
+
+
+def fp8_v_token_major(arch: Arch) -> bool:
+    """Whether FP8 V goes to the forward kernel token-major per head (tables.FP8_V_TOKEN_MAJOR, by arch
+    name, then family)."""
+    return arch.name in tables.FP8_V_TOKEN_MAJOR or family_of(arch) in tables.FP8_V_TOKEN_MAJOR

@@ -14,8 +14,8 @@ Optional override dicts per kernel: "causal" (causal or right-windowed
 attention, where rows see fewer keys and smaller tiles waste less on the
 diagonal), "short" (at most SHORT_SEQLEN_K keys per row: short loops, where
 per-program set-up and the last wave's tail weigh more) and "fp32" (fp32
-inputs: twice the shared memory per tile), applied in that order
-(fa_amd.tuning.resolve_entry).
+inputs: twice the shared memory per tile) and "fp8" (fp8 inputs, fwd only: half the
+shared memory per tile), applied in that order (fa_amd.tuning.resolve_entry).
 
 Numbers for sm90 were measured on an H100 (docs/PERFORMANCE.md, docs/TUNING_NOTES.md);
 AMD rows are starting points chosen to compile with zero scratch for their
@@ -66,7 +66,7 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
 # The per-case override dicts an entry may hold, in the order they are applied (resolve_entry).
-OVERRIDES = ("causal", "short", "fp32")
+OVERRIDES = ("causal", "short", "fp32", "fp8")
 # A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
 SHORT_SEQLEN_K = 1024
 
@@ -271,3 +271,35 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   N columns at a time (fa_amd/kernels/forward.py, backward.py) -- for register-bound RDNA.
 KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
 
+
+# --------------------------------------------------------------------------- FP8 (fa_amd/fp8.py)
+# FP8 element types (torch dtype names) that have a dot product on each target, looked up by arch
+# name first, then by family (so sm89 and sm120, whose tiles alias to the sm80 rows, still get
+# FP8; sm100/sm103 inherit sm90's through the alias).  The first entry is the type the quantising
+# functions (flash_attn_fp8_func, ...) produce.  MI300 (gfx942) has the "fnuz" types (no negative
+# zero, exponent bias 8: e4m3 max 240); MI350 (gfx950) and NVIDIA sm89+ the OCP types (e4m3 max 448).
+# The interpreter ("cpu", CI) pins the OCP types; tests pin the gfx942 types by patching this
+# entry.  Families not listed (gfx908, gfx90a, gfx1100, sm80) have no FP8 dot: FP8 calls raise.
+FP8_DTYPES = {
+    "gfx942": ("float8_e4m3fnuz", "float8_e5m2fnuz"),
+    "gfx950": ("float8_e4m3fn", "float8_e5m2"),
+    "sm89": ("float8_e4m3fn", "float8_e5m2"),
+    "sm90": ("float8_e4m3fn", "float8_e5m2"),
+    "sm120": ("float8_e4m3fn", "float8_e5m2"),
+    "cpu": ("float8_e4m3fn", "float8_e5m2"),
+}
+# The oldest Triton whose backend compiles the family's FP8 dot (a version difference is a table
+# key): Triton 3.2's AMD backend knows only the fnuz types (gfx942), and has no gfx950 target.
+FP8_MIN_TRITON = {"gfx950": (3, 3)}
+# Targets (arch names, then families) whose forward reads FP8 V token-major per head (dense calls;
+# fa_amd.fp8 lays V out so: the quantising functions write it so at no cost, FA3-style FP8 inputs in
+# the other layout are copied once per call).  The P.V dot's B operand is then K-major in memory.
+# AOT evidence (Triton 3.9, d128 forward unless said):
+#   sm90   head-dim-major V: every V tile goes through registers into shared memory with byte stores
+#          (128-192 st.shared.b8) and no cp.async pipelining, 254 regs; token-major: 0 byte stores,
+#          V copied by cp.async like K, 227 regs; wgmma e4m3 x e4m3 in both dots either way.
+#   sm89   (mma.sync m16n8k32 e4m3) head-dim-major: 512 ld.shared.u8 + 400 prmt; token-major: none.
+#   gfx942 d64 head-dim-major: 256-384 ds_read/ds_write_u8 and 180 VGPRs; token-major: none, 162.
+#   gfx950 no byte LDS traffic in either layout (150 vs 146 VGPRs at d64): left head-dim-major, so
+#          FA3-style inputs there pay no copy.  (sm120 follows sm89: the same mma.sync path.)
+FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")
