@@ -638,7 +638,8 @@ def environment(device) -> Dict:
 
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
-        host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None, fp8: bool = False) -> List[Result]:
+        host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
+        fp8: bool = False) -> List[Result]:
     """Every shape (fp8: the FP8 rows'); `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
     results = []
     for shape in (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)):

@@ -53,7 +53,8 @@ def test_bench_fp8_smoke(tmp_path):
     res = run_cli("bench", "--smoke", "--fp8", "--methods", "fa_amd", "fa_amd_fp8", "fa_amd_fp8_func", "sdpa_cudnn_fp8",
                   "--out", str(tmp_path), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = {(r["method"], r["mode"], r["kind"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    rows = {(r["method"], r["mode"], r["kind"]): r for r in results}
     for method in ("fa_amd", "fa_amd_fp8", "fa_amd_fp8_func"):
         assert rows[(method, "fwd", "gqa")]["tflops"] > 0
     assert rows[("fa_amd_fp8_func", "fwd+bwd", "dense")]["tflops"] > 0

@@ -13,6 +13,12 @@ S = QK^T N head-dim columns at a time (blocks.dot_rows_nt).  Why: RDNA3 WMMA
 replicates each dot operand across the two lane halves, so a 16-row slice of a
 d-wide operand costs d/2 of the 256 VGPRs of a wave32 lane, and the resident
 kernels spill at every tile size for d128 and d256 there (docs/AOT.md).
+
+FP8 (fa_amd/fp8.py) is a dtype path of the same kernels: FP8 is a constexpr read off Q's
+element type; the descale operand scales S and the output, P is rounded to V's fp8 type
+for the P.V dot (score_mods.load_descales / p_shift), and dense V may be token-major per
+head (stride_vn == 1, rows stride_vd apart: tables.FP8_V_TOKEN_MAJOR).  Other dtypes
+compile exactly as before (stride_vd == 1, descale unused).
 """
 import torch
 import triton
@@ -163,20 +169,20 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, lo, full_lo,
-                                   offs_m, offs_n, offs_d, diag, k_len, v_len,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                                   lo, full_lo, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
                                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                                    HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, full_lo, full_hi,
-                               offs_m, offs_n, offs_d, diag, k_len, v_len,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                               full_lo, full_hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                                HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, full_hi, hi,
-                               offs_m, offs_n, offs_d, diag, k_len, v_len,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                               full_hi, hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,

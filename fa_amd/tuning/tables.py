@@ -71,6 +71,11 @@ OVERRIDES = ("causal", "short", "fp32", "fp8")
 SHORT_SEQLEN_K = 1024
 
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
+# gfx950 FP8 forward: 32x32 MFMAs (v_mfma_f32_32x32x64_f8f6f4).  With the 16x16 ones the AOT build of
+# the all-features FP8 forward crashes Triton 3.4/3.5's AMD backend (an assertion in
+# ConvertTritonAMDGPUToLLVM on the P.V dot) and spills 12 B on 3.6 at d128; with 32x32 every head dim
+# compiles with zero scratch on 3.6 and 3.9 (3.4/3.5 still crash at d256: FP8_MIN_TRITON).
+_GFX950_FP8 = {"matrix_instr_nonkdim": 32}
 
 TABLES = {
     # Triton interpreter (CPU): small asymmetric tiles so tests exercise the
@@ -153,21 +158,21 @@ TABLES = {
     "gfx950": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 256,
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -288,9 +293,11 @@ FP8_DTYPES = {
     "sm120": ("float8_e4m3fn", "float8_e5m2"),
     "cpu": ("float8_e4m3fn", "float8_e5m2"),
 }
-# The oldest Triton whose backend compiles the family's FP8 dot (a version difference is a table
-# key): Triton 3.2's AMD backend knows only the fnuz types (gfx942), and has no gfx950 target.
-FP8_MIN_TRITON = {"gfx950": (3, 3)}
+# The oldest Triton that builds the family's FP8 forward, checked by AOT builds of every head dim with
+# all features (a version difference is a table key).  gfx942: 3.2 .. 3.9 all compile with zero scratch.
+# gfx950: 3.2 has no OCP fp8 dot for it; 3.3 spills (216..2104 B); 3.4 and 3.5 crash on the d256 build
+# (and on every head dim with 16x16 MFMAs); 3.6 and 3.9 build every head dim with zero scratch.
+FP8_MIN_TRITON = {"gfx950": (3, 6)}
 # Targets (arch names, then families) whose forward reads FP8 V token-major per head (dense calls;
 # fa_amd.fp8 lays V out so: the quantising functions write it so at no cost, FA3-style FP8 inputs in
 # the other layout are copied once per call).  The P.V dot's B operand is then K-major in memory.
