@@ -1,7 +1,10 @@
 """fa_amd: FlashAttention-2 in portable Triton for AMD Instinct / RDNA (and NVIDIA) GPUs.
 
     import fa_amd                      # also registers attn_implementation="fa_amd" in Transformers
+                                       # (when Transformers' modeling code loads, before or after)
     out = fa_amd.flash_attn_func(q, k, v, causal=True)
+    with fa_amd.sdpa_route():          # opt-in: F.scaled_dot_product_attention runs on fa_amd
+        ...
 
 Without a GPU, set TRITON_INTERPRET=1 before this import to run the kernels
 through Triton's interpreter (slow; for tests and smoke runs).
@@ -13,7 +16,9 @@ from .interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
+from .sdpa import disable_sdpa_route, enable_sdpa_route, sdpa_route, sdpa_route_enabled
 from .fp8 import (
     flash_attn_fp8_func,
     flash_attn_qkvpacked_fp8_func,
@@ -30,6 +35,11 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "sdpa_route",
+    "enable_sdpa_route",
+    "disable_sdpa_route",
+    "sdpa_route_enabled",
     "flash_attn_fp8_func",
     "flash_attn_qkvpacked_fp8_func",
     "flash_attn_varlen_fp8_func",
@@ -40,10 +50,6 @@ __all__ = [
 
 def _register_transformers():
     """Register "fa_amd" with Transformers when it is installed (no-op otherwise)."""
-    import importlib.util
-
-    if importlib.util.find_spec("transformers") is None:
-        return
     try:
         from .integrations import register
     except ImportError:  # integrations not installed alongside (e.g. a bare source checkout)
@@ -59,5 +65,16 @@ def _register_transformers():
 
 # installs the tune-on-first-use hook of FA_AMD_AUTOTUNE=1 (the tuner sits above the kernels)
 from . import autotune  # noqa: E402,F401
+from .import_hooks import when_imported  # noqa: E402
 
-_register_transformers()
+try:  # `fa_amd.integrations.route_flash_attention_2()` works after a plain `import fa_amd` (it imports no HF code)
+    from . import integrations  # noqa: E402,F401
+except ImportError:  # integrations not installed alongside (e.g. a bare source checkout)
+    pass
+
+# Registration imports Transformers' modeling code (seconds on a small CPU), so it waits until a
+# program loads that code itself: at once if it already has, else the moment it does. Every model
+# class, AttentionInterface and the mask functions live behind these two modules, so
+# attn_implementation="fa_amd" works whatever the import order.
+TRANSFORMERS_TRIGGER_MODULES = ("transformers.modeling_utils", "transformers.masking_utils")
+when_imported(TRANSFORMERS_TRIGGER_MODULES, _register_transformers)

@@ -1,23 +1,32 @@
-"""Ahead-of-time compile check: build every kernel variant the default tables
-select, for AMD (and NVIDIA) targets, on any machine -- no GPU needed.
+"""Ahead-of-time compile check: build every kernel variant the launchers launch with the
+default tables, for AMD (and NVIDIA) targets, on any machine -- no GPU, no ROCm, no linker.
 
-Triton's compiler lowers to amdgcn / PTX on the CPU; the amdgcn text reports
-VGPRs, scratch (spills) and occupancy, the metadata the LDS bytes.  A table row
-whose kernel spills to scratch on an AMD target is a bug in tables.py (it runs,
-but slowly), so the check exits non-zero on any scratch and on compile errors.
+Triton's compiler lowers to amdgcn / PTX on the CPU; the amdgcn text reports VGPRs,
+scratch (spills) and occupancy, the metadata the LDS bytes.  A table row whose kernel
+spills to scratch on an AMD target is a bug in tables.py (it runs, but slowly), so the
+check exits non-zero on any scratch and on compile errors.  It runs under every Triton
+fa_amd supports (3.2 .. newest; `.ci/aot_matrix.py` runs them all, docs/AOT.md).
 
     fa-amd compile                       # the subset CI runs (heaviest variant per kernel)
     fa-amd compile --full                # every row x dtype x variant
     fa-amd compile --arch gfx942 --json out.json
     python -m fa_amd.aot --full
 
-Compiles run in worker subprocesses (the kernels must be real @triton.jit
-functions, so the workers drop TRITON_INTERPRET, which tests set).
+What is built is what runs: each job's kernel call is recorded from the real launcher
+(fa_amd.aot_launches: tensors and their dtypes, ints, floats, constexprs, launch options) and
+goes through the installed Triton's own argument binder (types, 16-divisibility, ints equal
+to 1, AMD pointer ranges, as at a launch) and compiler.
+
+Adding a kernel (decode, an FP8 variant, ...): one LAUNCHES entry in fa_amd/aot_launches.py
+(and a `_run_*` function there if no existing one calls its launcher); `builds` below says
+where it runs, if not everywhere.
+
+Compiles run in worker subprocesses (the kernels must be real @triton.jit functions, so
+the workers drop TRITON_INTERPRET, which tests set).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import queue
@@ -30,47 +39,26 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-# target name -> (backend, arch passed to GPUTarget, warp size)
-TARGETS = {
-    "gfx908": ("hip", "gfx908", 64),
-    "gfx90a": ("hip", "gfx90a", 64),
-    "gfx942": ("hip", "gfx942", 64),
-    "gfx950": ("hip", "gfx950", 64),
-    "gfx1100": ("hip", "gfx1100", 32),
-    "sm80": ("cuda", 80, 32),
-    "sm90": ("cuda", 90, 32),
-}
-# dkdv_atomic: the dK/dV kernel that also accumulates dQ with fp32 atomics
-# (deterministic=False, flash-attn's default); dq is then not launched
+from .aot_launches import (_DKDV_KERNELS, LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call,
+                           launch_config)
+
+# the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
+# them, and the RDNA parts that share the gfx1100 rows (built when named, or with --arch rdna / all)
+DEFAULT_TARGETS = ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "sm80", "sm90")
+AMD_TARGETS = tuple(t for t in DEFAULT_TARGETS if TARGETS[t][0] == "hip")
+RDNA_ALIAS_TARGETS = ("gfx1101", "gfx1102", "gfx1200", "gfx1201")
+_TARGET_GROUPS = {"amd": AMD_TARGETS, "rdna": ("gfx1100",) + RDNA_ALIAS_TARGETS, "all": tuple(TARGETS)}
+# dkdv_atomic: the dK/dV kernel that also accumulates dQ with fp32 atomics (deterministic=False where
+# tables.NONDETERMINISTIC_DQ says "atomic"); dq is then not launched
 # dkdv_fused: the dK/dV kernel whose extra programs compute dQ (FUSED_DQ), built only where the
 # launcher fuses (tables.FUSED_DQ_FAMILIES, rows whose "dkdv" and "dq" entries share launch options)
-KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs")
-DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess")
+KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary")
+DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "rotary")
 # (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
 HEAD_DIMS = (64, 80, 128, 256)
 DTYPES = ("fp16", "bf16")
-ALL_FLAGS = dict(IS_VARLEN=True, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True, HAS_DROPOUT=True)
-# feature-flag sets that move register pressure; "all" is the heaviest
-VARIANTS = {
-    "plain": dict(GROUP=1),
-    "causal": dict(GROUP=1, HAS_RIGHT=True),
-    "all": dict(GROUP=2, **ALL_FLAGS),
-    # every feature but the right edge, at the tile of the entry's "short" override (launches with
-    # at most tables.SHORT_SEQLEN_K keys per row); built only for entries that have one
-    "short": dict(GROUP=2, **{k: v for k, v in ALL_FLAGS.items() if k != "HAS_RIGHT"}),
-}
-# kernel -> (module of fa_amd.kernels, @triton.jit function name)
-_KERNEL_FN = {
-    "fwd": ("forward", "attn_fwd_kernel"),
-    "dkdv": ("backward", "attn_bwd_dkdv_kernel"),
-    "dkdv_atomic": ("backward", "attn_bwd_dkdv_kernel"),
-    "dkdv_fused": ("backward", "attn_bwd_dkdv_kernel"),
-    "dq": ("backward", "attn_bwd_dq_kernel"),
-    "preprocess": ("backward", "bwd_preprocess_kernel"),
-    "probs": ("forward", "attn_probs_kernel"),
-}
 # Spills that no table row avoids with the current kernel code, and why.
 # Listed here they print as "known spill" and do not fail the check; the test
 # fails once one of them stops spilling (stale_known_scratch), so the list
@@ -79,10 +67,17 @@ _KERNEL_FN = {
 # the d64 atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since
 # 2026-11, with zero scratch (docs/AOT.md).
 KNOWN_SCRATCH: Dict[tuple, str] = {}
-
-# kernel -> the table entry whose launch config it uses
-_TABLE_KERNEL = {"fwd": "fwd", "dkdv": "dkdv", "dkdv_atomic": "dkdv_atomic", "dkdv_fused": "dkdv", "dq": "dq",
-                 "probs": "fwd", "preprocess": None}
+# The same for older Tritons only: {"triton<X.Y": {(table family, kernel, table row head_dim): reason}},
+# covering results compiled by a triton older than X.Y (their measured figures are in docs/AOT.md).
+# gfx1100 (and the RDNA parts that run its rows) before 3.6: the reloading kernels were fitted to
+# 32-bit buffer offsets, which Triton uses on AMD from 3.6; with 64-bit pointer tensors they spill
+# at every tile size (the dQ d256 kernel still spills 1576 B at 16x16, RELOAD_CHUNK 16, triton 3.5).
+_RDNA_BEFORE_3_6 = ("spills under triton < 3.6 at every tile tried (64-bit pointer tensors: no AMD buffer "
+                    "loads before 3.6); correct but slower; docs/AOT.md has the figures")
+KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {
+    "triton<3.6": {("gfx1100", kernel, d): _RDNA_BEFORE_3_6
+                   for kernel in ("fwd", "dkdv", "dkdv_atomic", "dq", "probs") for d in (64, 128, 256)},
+}
 
 
 @dataclass
@@ -92,7 +87,7 @@ class CompileJob:
     head_dim: int
     dtype: str
     variant: str
-    # explicit launch dict (BLOCK_M/BLOCK_N + options) instead of the table's; for table searches
+    # explicit launch dict (BLOCK_M/BLOCK_N + options + switches) instead of the table's; for table searches
     config: Optional[Dict] = None
 
     @property
@@ -117,6 +112,11 @@ class CompileResult:
     # CUDA
     regs: Optional[int] = None
     stack_bytes: Optional[int] = None
+    # the compiled signature: Triton type of every runtime argument ("*bf16", "i32", "fp32", ...),
+    # and the constexpr values (flags, tiles, switches), as the launcher passed them
+    signature: Dict[str, str] = field(default_factory=dict)
+    constexprs: Dict[str, Any] = field(default_factory=dict)
+    triton: Optional[str] = None  # the version that compiled it
 
     @property
     def is_hip(self) -> bool:
@@ -129,16 +129,44 @@ class CompileResult:
 
 
 def known_scratch(r: "CompileResult") -> Optional[str]:
-    """The KNOWN_SCRATCH reason covering this result's (target, kernel, table row), if any."""
-    head_dim = int(r.variant.split("-")[0][1:])
-    return KNOWN_SCRATCH.get((r.target, r.kernel, _d_pad(head_dim)))
+    """The KNOWN_SCRATCH (or, for the triton that built it, KNOWN_SCRATCH_BEFORE) reason covering
+    this result's (target, kernel, table row), if any."""
+    row = (_family(r.target), r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
+    version = _version_tuple(r.triton) if r.triton else triton_version()
+    for bound, rows in KNOWN_SCRATCH_BEFORE.items():
+        if version < _version_tuple(bound.split("<")[1]) and row in rows:
+            return rows[row]
+    return KNOWN_SCRATCH.get(row)
+
+
+def _family(target: str) -> str:
+    """The table family whose rows a target runs (the RDNA aliases run gfx1100's): known spills are per row."""
+    from .tuning import family_of
+
+    return family_of(_arch_of(target))
+
+
+def known_scratch_rows(version: Optional[tuple] = None) -> Dict[tuple, str]:
+    """Every known-spill row that applies to this triton (default: the installed one)."""
+    version = version or triton_version()
+    rows = dict(KNOWN_SCRATCH)
+    for bound, extra in KNOWN_SCRATCH_BEFORE.items():
+        if version < _version_tuple(bound.split("<")[1]):
+            rows.update(extra)
+    return rows
+
+
+def _version_tuple(text: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
 
 
 def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
-    """KNOWN_SCRATCH rows (as "target kernel dN") none of whose built variants spills any more."""
+    """KNOWN_SCRATCH rows (as "target kernel dN") none of whose built variants spills any more.
+    (KNOWN_SCRATCH_BEFORE rows cover several versions, which need not all spill: not checked.)"""
     spills: Dict[tuple, bool] = {}
     for r in results:
-        if known_scratch(r) and r.error is None:
+        row = (r.target, r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
+        if row in KNOWN_SCRATCH and r.error is None:
             row = (r.target, r.kernel, f"d{_d_pad(int(r.variant.split('-')[0][1:]))}")
             spills[row] = spills.get(row, False) or bool(r.scratch_bytes)
     return [" ".join(row) for row, spilled in spills.items() if not spilled]
@@ -149,75 +177,65 @@ def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
 def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     """Rough register-pressure score of a tile config (fp32 accumulators + score tile)."""
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    if kernel in ("dkdv", "dkdv_atomic", "dkdv_fused"):
+    if kernel in _DKDV_KERNELS:
         return bn * (2 * d_pad + bm)
-    if kernel == "dq":
-        return bm * (d_pad + bn)
     return bm * (d_pad + bn)
 
 
-def _table_entry(target: str, kernel: str, d_pad: int) -> Optional[Dict]:
-    from .tuning.tables import TABLES
-
-    table_kernel = _TABLE_KERNEL[kernel]
-    if table_kernel is None:
-        return None
-    rows = TABLES[target]
-    row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
-    # a row without a dkdv_atomic entry uses its dkdv one (as fa_amd.tuning.get_config does)
-    return row.get(table_kernel) or row["dkdv"]
-
-
 def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, short: bool = False) -> Dict:
-    """Launch dict from the default tables (tuned overrides ignored) as the launcher would pass it."""
-    from .tuning import resolve_entry
-    from .tuning.tables import HIP_ONLY_OPTIONS
+    """Launch dict from the default tables (tuned overrides ignored) as the launcher resolves it under
+    the installed Triton (version-keyed entries included)."""
+    from .tuning import default_config as table_config
 
-    entry = _table_entry(target, kernel, d_pad)
-    if entry is None:  # preprocess: fixed block, default launch options, no switches (see attention_backward)
+    table_kernel = LAUNCHES[kernel].table_kernel
+    if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
-    cfg = resolve_entry(entry, causal=causal, short=short)
-    if TARGETS[target][0] != "hip":
-        for key in HIP_ONLY_OPTIONS:
-            cfg.pop(key, None)
-    return cfg
+    return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short)
+
+
+def _has_short(target: str, kernel: str, d_pad: int) -> bool:
+    from .tuning import default_entry
+
+    table_kernel = LAUNCHES[kernel].table_kernel
+    return bool(table_kernel and default_entry(_arch_of(target), table_kernel, d_pad).get("short"))
 
 
 def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: str = "") -> bool:
-    """Whether the launcher runs this kernel for this table row: dkdv_fused only where fusable, the
-    "short" variant only where the entry has a "short" override (elsewhere it is the plain tile)."""
-    if variant == "short":
-        entry = _table_entry(target, kernel, d_pad)
-        return bool(entry and entry.get("short"))
-    if kernel != "dkdv_fused":
-        return True
-    from .tuning import bwd_fusable
+    """Whether the launcher runs this kernel (and variant) on this target: dkdv_fused only where the
+    tables fuse, dkdv_atomic only where they choose atomic dQ, "short" only for entries with a "short"
+    override, "split" only for the dK/dV kernels, rotary only in its two variants."""
+    from .tuning import bwd_fusable, family_of, nondeterministic_dq
 
-    return bwd_fusable(target, default_config(target, "dkdv", d_pad, causal),
-                       default_config(target, "dq", d_pad, causal))
+    family = family_of(_arch_of(target))
+    if kernel == "rotary":
+        return variant in ("", "plain", "all")
+    if variant == "short":
+        return _has_short(target, kernel, d_pad)
+    if variant == "split" and kernel not in _DKDV_KERNELS:
+        return False
+    if kernel == "dkdv_atomic":
+        return nondeterministic_dq(family) == "atomic"
+    if kernel == "dkdv_fused":
+        return bwd_fusable(family, default_config(target, "dkdv", d_pad, causal),
+                           default_config(target, "dq", d_pad, causal))
+    return True
 
 
 def _is_causal(variant: str) -> bool:
-    """Variants with a right window edge launch with the table's "causal" override, as the launcher does."""
     return bool(VARIANTS.get(variant, {}).get("HAS_RIGHT"))
 
 
-def _variant_config(target: str, kernel: str, head_dim: int, variant: str) -> Dict:
-    """The launch dict the launcher uses for this job's variant."""
-    return default_config(target, kernel, _d_pad(head_dim), _is_causal(variant), short=variant == "short")
-
-
 def _d_pad(head_dim: int) -> int:
-    # the launcher's own rule, so the AOT check compiles exactly what runs
+    # the launcher's own rule
     from .kernels.launch import head_dim_padded
 
     return head_dim_padded(head_dim)
 
 
-def full_jobs(targets, kernels) -> List[CompileJob]:
+def full_jobs(targets, kernels, dtypes=DTYPES, variants=tuple(VARIANTS)) -> List[CompileJob]:
     return [CompileJob(t, k, d, dt, v)
-            for t in targets for k in kernels for d in HEAD_DIMS for dt in DTYPES
-            for v in (VARIANTS if k != "preprocess" else ("plain",))
+            for t in targets for k in kernels for d in HEAD_DIMS for dt in dtypes
+            for v in (variants if k != "preprocess" else ("plain",))
             if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v), v)]
 
 
@@ -225,118 +243,45 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
     """Every (target, kernel) pair at its heaviest variant: all features on, the
     table row with the largest register-pressure score that is expected to be
     spill-free, bf16 (fp16 on gfx908); plus every KNOWN_SCRATCH row, so a fixed
-    one is noticed."""
+    one is noticed, and the tiles of "short" overrides."""
     jobs = []
+    # KNOWN_SCRATCH rows only: an older triton's known spills (KNOWN_SCRATCH_BEFORE) do not change the
+    # subset (its heaviest variants still build, and must not fail); the full sweep reports them all
+    known = KNOWN_SCRATCH
     for t in targets:
         dtype = "fp16" if t == "gfx908" else "bf16"
         for k in kernels:
-            if k == "preprocess":
-                jobs.append(CompileJob(t, k, 256, dtype, "plain"))
+            if k in ("preprocess", "rotary"):
+                jobs.append(CompileJob(t, k, 256 if k == "preprocess" else 128, dtype, "plain"))
                 continue
-            rows = [d for d in (128, 256, 64) if (t, k, d) not in KNOWN_SCRATCH and builds(t, k, d, causal=True)]
+            rows = [d for d in (128, 256, 64) if (t, k, d) not in known and builds(t, k, d, causal=True)]
             if rows:
                 heaviest = max(rows, key=lambda d: _pressure(k, default_config(t, k, d, causal=True), d))
                 jobs.append(CompileJob(t, k, heaviest, dtype, "all"))
             # known rows in both extremes: the allocator is not monotone in features (a row can
             # spill plain and not with everything on, or the reverse), and an entry is stale
             # only when neither spills
-            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in KNOWN_SCRATCH
+            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in known
                      for v in ("plain", "all")]
             # the tiles of "short" overrides, with every feature they can meet
             jobs += [CompileJob(t, k, d, dtype, "short") for d in (64, 128, 256) if builds(t, k, d, variant="short")]
     return jobs
 
 
-# --------------------------------------------------------------------------- compiling (worker side)
+def tune_candidate_jobs(targets, head_dims=(64, 128, 256)) -> List[CompileJob]:
+    """Every launch config `fa-amd tune` may time (fa_amd.autotune.candidates, the default excepted),
+    per target, tuned kernel and head-dim class, with all features on (bf16; fp16 on gfx908)."""
+    from .autotune import candidates
 
-_POINTER_DTYPE = {"Lse": "*fp32", "Delta": "*fp32", "Alibi": "*fp32", "SeedState": "*i64",
-                  "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
-_IO_TENSORS = ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "Probs")
-_FLOAT_SCALARS = ("qk_scale_log2", "softcap_div", "softcap_log2", "keep_scale", "sm_scale")
-# pointers and these ints are multiples of 16 in every real launch (contiguous
-# heads of a padded-to-16 head dim), and Triton specializes on that at run time,
-# so the AOT build gets the same hint to produce the same (vectorized) code
-_NOT_DIVISIBLE = ("stride_ab", "win_left", "win_right", "keep_threshold", "GROUP", "heads_per_prog")
-
-
-def _signature(fn, constexprs: Dict, dtype: str):
-    sig, attrs = {}, {}
-    known = set(_POINTER_DTYPE) | set(_IO_TENSORS) | set(_FLOAT_SCALARS)
-    unknown = [n for n in fn.arg_names if n[0].isupper() and n not in known and n not in constexprs
-               and n != "GROUP"]
-    if unknown:  # a new pointer argument: say so instead of guessing its type
-        raise ValueError(f"{fn.__name__}: unknown tensor arguments {unknown}; add them to fa_amd/aot.py")
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            sig[name] = "constexpr"
-            continue
-        if name in _POINTER_DTYPE:
-            sig[name] = _POINTER_DTYPE[name]
-        elif name in _IO_TENSORS:
-            sig[name] = "*" + dtype
-        elif name in _FLOAT_SCALARS:
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-        if sig[name].startswith("*") or (sig[name] == "i32" and name not in _NOT_DIVISIBLE):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, attrs
-
-
-def _constexpr_params(fn) -> List[str]:
-    """Names of fn's tl.constexpr parameters (JITFunction, or the interpreter's wrapper in tests)."""
-    if hasattr(fn, "params"):
-        return [p.name for p in fn.params if p.is_constexpr]
-    import inspect
-
-    import triton.language as tl
-
-    sig = inspect.signature(fn.fn)
-    return [n for n, p in sig.parameters.items() if p.annotation is tl.constexpr or "constexpr" in str(p.annotation)]
-
-
-def _job_constexprs(job: CompileJob, fn, cfg: Dict) -> Dict:
-    """Values of the kernel's constexpr parameters for this job, plus runtime ints
-    equal to 1 (Triton specializes those at launch, so the AOT build does too)."""
-    from .tuning.tables import KERNEL_SWITCHES
-
-    values = dict(HEAD_DIM=job.head_dim, D_PAD=_d_pad(job.head_dim), INPUT_PRECISION="ieee",
-                  IS_VARLEN=False, IS_SOFTCAP=False, HAS_ALIBI=False, HAS_LEFT=False, HAS_RIGHT=False,
-                  HAS_DROPOUT=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg.get("BLOCK_N"),
-                  ATOMIC_DQ=job.kernel == "dkdv_atomic",
-                  FUSED_DQ=job.kernel == "dkdv_fused", DQ_BLOCK_M=16, DQ_BLOCK_N=16,
-                  # the raw-score max (softmax_scale > 0, as every default scale is) where the tables use it
-                  POSITIVE_SCALE=job.target in _tables().FWD_RAW_MAX_FAMILIES,
-                  # split GQA groups summed with atomics (tables.GQA_SPLIT_SUM): only where atomics are
-                  # allowed, i.e. the deterministic=False backward (atomic dQ, or fused on the tables' say)
-                  ATOMIC_DKDV=job.kernel in ("dkdv_atomic", "dkdv_fused") and _gqa_split_sum(job.target) == "atomic")
-    if job.kernel == "dkdv_fused":  # the dQ programs' tiles, as the launcher passes them
-        dq_cfg = _variant_config(job.target, "dq", job.head_dim, job.variant)
-        values.update(DQ_BLOCK_M=dq_cfg["BLOCK_M"], DQ_BLOCK_N=dq_cfg["BLOCK_N"])
-    # kernel switches (RELOAD_CHUNK): the launch dict's value, else the launcher's default
-    values.update({name: cfg.get(name, default) for name, default in KERNEL_SWITCHES.items()})
-    values.update(VARIANTS[job.variant])
-    constexpr_names = _constexpr_params(fn)
-    constexprs = {}
-    for name in fn.arg_names:
-        if name in values and (name in constexpr_names or values[name] == 1):
-            constexprs[name] = values[name]
-    missing = [name for name in constexpr_names if name not in constexprs]
-    if missing:
-        raise ValueError(f"{fn.__name__}: no AOT value for constexpr parameters {missing}; update fa_amd/aot.py")
-    return constexprs
-
-
-def _tables():
-    from .tuning import tables
-
-    return tables
-
-
-def _gqa_split_sum(target: str) -> str:
-    from .tuning import gqa_split_sum
-
-    return gqa_split_sum(target)  # AOT target names are table family names
+    jobs = []
+    for t in targets:
+        dtype = "fp16" if t == "gfx908" else "bf16"
+        for kernel in ("fwd", "dkdv", "dq", "dkdv_atomic"):
+            for d in head_dims:
+                if builds(t, kernel, d, causal=True):
+                    jobs += [CompileJob(t, kernel, d, dtype, "all", config=cfg)
+                             for cfg in candidates(_arch_of(t), kernel, default_config(t, kernel, d, True), d)[1:]]
+    return jobs
 
 
 def compile_options(cfg: Dict) -> Dict:
@@ -346,6 +291,110 @@ def compile_options(cfg: Dict) -> Dict:
 
     return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N") and k not in KERNEL_SWITCHES}
 
+
+# --------------------------------------------------------------------------- Triton version differences
+# Everything that differs between the supported Tritons (3.2 .. newest) lives in this section,
+# keyed on the version: how a call becomes an ASTSource, and how far the pipeline can run here.
+
+def triton_version() -> tuple:
+    import triton
+
+    return _version_tuple(triton.__version__)
+
+
+def _specialized_source(fn, target, args, kwargs):
+    """(ASTSource, compiler options, {argument: Triton type}) of what JITFunction.run compiles for
+    `fn[grid](*args, **kwargs)` on `target`, from the installed Triton's own binder."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    if triton_version() < (3, 3):
+        # 3.2: the signature holds the runtime arguments only; constexprs and ints equal to 1 are
+        # "constants" by name; specialization is an AttrsDescriptor from the values
+        bound, sig_and_spec, _, _, options = binder(*args, **kwargs)
+        values = tuple(bound.values())
+        names = [p.name for p in fn.params if not p.is_constexpr]
+        signature = {n: ("*i8" if t == "none" else t) for n, t in zip(names, sig_and_spec)}
+        attrs = backend.get_attrs_descriptor(fn.params, values)
+        specialized = attrs.get_constants()
+        constants = {p.name: v for v, p in zip(values, fn.params)
+                     if p.is_constexpr or p.num in specialized or v is None}
+        types = {n: t for n, t in signature.items() if n not in constants}
+        return ASTSource(fn, signature, constants, attrs), options, types
+    # 3.3+: every parameter in the signature ("constexpr" for constexprs and specialized ints),
+    # constexpr values and attributes keyed by (index,)
+    bound, specialization, options = binder(*args, **kwargs)
+    values = list(bound.values())
+    signature = {p.name: spec[0] for p, spec in zip(fn.params, specialization)}
+    constexprs = {(i,): values[i] for i, spec in enumerate(specialization) if spec[0] == "constexpr"}
+    attrs = {(i,): backend.parse_attr(spec[1]) for i, spec in enumerate(specialization) if isinstance(spec[1], str)}
+    types = {n: t for n, t in signature.items() if t != "constexpr"}
+    return ASTSource(fn, signature, constexprs, attrs), options, types
+
+
+def bound_arguments(fn, args, kwargs) -> Dict:
+    """Every parameter of `fn[grid](*args, **kwargs)` by name, defaults included (optional features
+    such as Sinks=None, HAS_SINKS=False are left out of the launches that do not use them)."""
+    import inspect
+
+    params = inspect.signature(getattr(fn, "fn", fn)).parameters  # JITFunction or the interpreter's wrapper
+    bound = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    bound.update(zip(fn.arg_names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _needs_missing_linker(target) -> bool:
+    """Triton < 3.5 links HSACO with an external ld.lld (ROCm's); without one, triton.compile fails."""
+    if target.backend != "hip" or triton_version() >= (3, 5):
+        return False
+    from triton.backends.amd.compiler import HIPBackend
+
+    try:
+        HIPBackend.path_to_rocm_lld()
+        return False
+    except Exception:
+        return True
+
+
+def _build(src, target, options: Dict):
+    """(asm text by stage, LDS / shared bytes).  triton.compile where it can run here; where the HIP
+    backend would need an external linker that is not installed, the same stages up to "amdgcn",
+    whose text carries every number this check reads (the HSACO link adds none)."""
+    import triton
+
+    if not _needs_missing_linker(target):
+        compiled = triton.compile(src, target=target, options=options)
+        return compiled.asm, int(getattr(compiled.metadata, "shared", 0) or 0)
+    from triton._C.libtriton import ir
+    from triton.compiler import make_backend
+
+    version = triton_version()
+    backend = make_backend(target)
+    opts = backend.parse_options(dict(options))
+    stages: Dict[str, Callable] = {}
+    if version >= (3, 4):
+        backend.add_stages(stages, opts, src.language)
+    else:
+        backend.add_stages(stages, opts)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    codegen = backend.get_codegen_implementation(opts) if version >= (3, 3) else backend.get_codegen_implementation()
+    module = src.make_ir(opts, codegen, backend.get_module_map(), context)
+    metadata = {"hash": "fa-amd-aot", "target": target, **opts.__dict__}
+    asm = {}
+    for ext, stage in stages.items():
+        if ext == "hsaco":
+            break
+        module = stage(module, metadata)
+        asm[ext] = str(module)
+    return asm, int(metadata.get("shared", 0) or 0)
+
+
+# --------------------------------------------------------------------------- compiling (worker side)
 
 def _cuobjdump_path() -> Optional[str]:
     import triton
@@ -362,61 +411,64 @@ def _amd_stat(text: str, key: str) -> Optional[int]:
 def compile_one(job: CompileJob) -> CompileResult:
     try:
         return _compile_one(job)
-    except Exception as exc:  # e.g. a kernel signature this module does not know yet
+    except Exception as exc:  # e.g. a launcher that does not run this job's problem
         return CompileResult(job.target, job.kernel, job.name, error=f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _compile_one(job: CompileJob) -> CompileResult:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def _json_value(v):
+    return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
 
+
+def _compile_one(job: CompileJob) -> CompileResult:
+    from triton.backends.compiler import GPUTarget
 
     backend, arch, warp = TARGETS[job.target]
-    cfg = job.config or _variant_config(job.target, job.kernel, job.head_dim, job.variant)
-    result = CompileResult(job.target, job.kernel, job.name, config=cfg)
-    module, fn_name = _KERNEL_FN[job.kernel]
-    fn = getattr(importlib.import_module(f"fa_amd.kernels.{module}"), fn_name)
-    constexprs = _job_constexprs(job, fn, cfg)
-    sig, attrs = _signature(fn, constexprs, job.dtype)
-    options = compile_options(cfg)
+    spec = LAUNCHES[job.kernel]
+    call = launch_call(job)
+    fn = _kernel(spec)
+    import triton
+
+    result = CompileResult(job.target, job.kernel, job.name, config=launch_config(spec, call),
+                           triton=triton.__version__)
+    target = GPUTarget(backend, arch, warp)
     start = time.perf_counter()
     try:
-        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-                        attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
+        src, options, types = _specialized_source(fn, target, call.args, call.kwargs)
+        result.signature = types
+        constexpr_names = {p.name for p in fn.params if p.is_constexpr}
+        bound = bound_arguments(fn, call.args, call.kwargs)
+        result.constexprs = {n: _json_value(bound[n]) for n in fn.arg_names if n in constexpr_names}
+        asm, result.lds_bytes = _build(src, target, options)
     except Exception as exc:  # report every failure, keep compiling the rest
         result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
         result.seconds = time.perf_counter() - start
         return result
     result.seconds = time.perf_counter() - start
-    result.lds_bytes = int(getattr(compiled.metadata, "shared", 0) or 0)
     if backend == "hip":
-        text = compiled.asm["amdgcn"]
+        text = asm["amdgcn"]
         result.vgprs = _amd_stat(text, "NumVgprs")
         result.agprs = _amd_stat(text, "NumAgprs")
         result.scratch_bytes = _amd_stat(text, "ScratchSize")
         result.occupancy = _amd_stat(text, "Occupancy")
     else:
-        result.regs, result.stack_bytes = _cuda_usage(compiled)
+        result.regs, result.stack_bytes = _cuda_usage(asm)
     return result
 
 
-def _cuda_usage(compiled):
+def _cuda_usage(asm):
     """(registers, stack bytes) from the cubin via cuobjdump; ptxas spills land on the stack."""
-    n_regs = getattr(compiled.metadata, "n_regs", None)  # only set once loaded on a GPU
     tool = _cuobjdump_path()
-    if tool is None or "cubin" not in compiled.asm:
-        return n_regs, None
+    if tool is None or "cubin" not in asm:
+        return None, None
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
+        f.write(asm["cubin"])
     try:
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
     finally:
         os.unlink(f.name)
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
-    return (int(regs.group(1)) if regs else n_regs), (int(stack.group(1)) if stack else None)
+    return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
 
 
 def _worker_main():
@@ -436,15 +488,16 @@ def target_supported(target: str) -> Optional[str]:
     """None if the target is known here, else why not (the installed triton is probed separately)."""
     if target not in TARGETS:
         return f"unknown target {target!r} (choose from {', '.join(TARGETS)})"
+    from .tuning import family_of
     from .tuning.tables import TABLES
 
-    if target not in TABLES:
+    if family_of(_arch_of(target)) not in TABLES:
         return f"no {target} rows in fa_amd/tuning/tables.py"
     return None
 
 
 # targets that older Triton releases may not know; probed with one tiny compile
-_PROBED_TARGETS = ("gfx950",)
+_PROBED_TARGETS = ("gfx950", "gfx1200", "gfx1201")
 
 
 def probe_targets(targets) -> Dict[str, str]:
@@ -460,6 +513,7 @@ def run_jobs(jobs: List[CompileJob], workers: int, progress=None, fresh_cache: b
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default the launcher gets; silences a 3.9 warning
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the workers run launchers on CPU tensors only
     tmp_cache = None
     if fresh_cache:
         tmp_cache = tempfile.mkdtemp(prefix="fa_amd_aot_cache_")
@@ -546,7 +600,7 @@ def format_tables(results: List[CompileResult]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(rows, key=lambda r: (list(TARGETS).index(r.target), r.variant)):
             c = r.config
-            tiles = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
+            tiles = f"{c.get('BLOCK_M', '-')}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
             if "waves_per_eu" in c:
                 tiles += f", wpe{c['waves_per_eu']}"
             if c.get("RELOAD_CHUNK"):
@@ -596,11 +650,19 @@ def summary_table(results: List[CompileResult]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--arch", nargs="+", default=None, metavar="TARGET",
-                        help=f"targets to build (default: all of {' '.join(TARGETS)})")
+                        help=f"targets to build (default: {' '.join(DEFAULT_TARGETS)}; also {' '.join(RDNA_ALIAS_TARGETS)}; "
+                             f"groups: amd = {' '.join(AMD_TARGETS)}, rdna = gfx1100 and the RDNA parts sharing its "
+                             "rows, all)")
     parser.add_argument("--kernels", nargs="+", default=None, choices=KERNELS,
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
                         help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="with --full: dtypes")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="with --full: feature variants")
+    parser.add_argument("--tune-candidates", action="store_true",
+                        help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
+                             "fail, scratch is reported: the tuner times candidates and keeps the fastest)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--from-json", metavar="PATH", help="do not compile; print the tables of an earlier --json")
@@ -618,10 +680,13 @@ def run_cli(args) -> int:
         print(summary_table(results))
         print(format_tables(results))
         return 1 if any(r.failed for r in results) else 0
-    targets = args.arch or list(TARGETS)
+    import triton
+
+    targets = [t for name in (args.arch or DEFAULT_TARGETS) for t in _TARGET_GROUPS.get(name, (name,))]
     for t in targets:
         if t not in TARGETS:
-            print(f"error: unknown target {t!r}; choose from {', '.join(TARGETS)}", file=sys.stderr)
+            print(f"error: unknown target {t!r}; choose from {', '.join(TARGETS)} (or {', '.join(_TARGET_GROUPS)})",
+                  file=sys.stderr)
             return 2
     usable = []
     for t in targets:
@@ -634,22 +699,28 @@ def run_cli(args) -> int:
         print(f"note: skipping {t}: {reason}")
         usable.remove(t)
     kernels = args.kernels or (KERNELS if args.full else DEFAULT_KERNELS)
-    jobs = full_jobs(usable, kernels) if args.full else ci_jobs(usable, kernels)
+    if args.tune_candidates:
+        jobs = [j for j in tune_candidate_jobs(usable) if j.kernel in kernels]
+    else:
+        jobs = full_jobs(usable, kernels, args.dtypes, args.variants) if args.full else ci_jobs(usable, kernels)
     # slowest first (large tiles, RDNA) so the parallel tail is short
-    jobs.sort(key=lambda j: (j.kernel == "preprocess", j.target != "gfx1100", -j.head_dim))
-    print(f"compiling {len(jobs)} kernel variants for {', '.join(usable)} with {args.jobs} processes ...",
-          flush=True)
+    jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary"), j.target != "gfx1100", -j.head_dim))
+    print(f"triton {triton.__version__}: compiling {len(jobs)} kernel variants for {', '.join(usable)} "
+          f"with {args.jobs} processes ...", flush=True)
     start = time.perf_counter()
     done = [0]
 
     def progress(r: CompileResult):
         done[0] += 1
-        if r.failed:
+        if r.error if args.tune_candidates else r.failed:
             what = r.error or f"scratch {r.scratch_bytes} B"
             print(f"  [{done[0]}/{len(jobs)}] {r.target} {r.kernel} {r.variant}: {what}", flush=True)
 
     results = run_jobs(jobs, args.jobs, progress, fresh_cache=args.fresh_cache)
     wall = time.perf_counter() - start
+    if args.tune_candidates:  # a spilling candidate is slow, not wrong: the tuner's timing drops it
+        spilling = [r for r in results if r.error is None and r.scratch_bytes]
+        print(f"{len(spilling)} of {len(results)} tune candidates spill (reported, not fatal)")
     if args.full:
         print("\n### Summary (worst case per target and kernel)\n")
         print(summary_table(results))
@@ -657,16 +728,14 @@ def run_cli(args) -> int:
             print(f"(per-variant rows: {args.json})")
     else:
         print(format_tables(results))
-    failed = [r for r in results if r.failed]
+    failed = [r for r in results if (r.error is not None if args.tune_candidates else r.failed)]
     cpu = sum(r.seconds for r in results)
     print(f"\n{len(results)} variants compiled in {wall:.0f} s wall ({cpu:.0f} s compiler time, "
-          f"{args.jobs} processes); {len(failed)} failed")
+          f"{args.jobs} processes, triton {triton.__version__}); {len(failed)} failed")
     cuda_stack = [r for r in results if not r.is_hip and r.stack_bytes]
     if cuda_stack:
         print(f"note: {len(cuda_stack)} CUDA variants use stack (ptxas spills); reported, not fatal")
     if args.json:
-        import triton
-
         with open(args.json, "w") as f:
             json.dump({"triton": triton.__version__, "wall_seconds": wall, "targets": usable,
                        "results": [asdict(r) for r in results]}, f, indent=1)

@@ -18,16 +18,116 @@ import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split("+")[0].split(".")[:2])
 # Interpreters before triton 3.7 cannot run loops whose bounds come from
-# program ids (every fa_amd kernel has them); compiled kernels need only 3.2.
+# program ids (every fa_amd kernel has them).
 MIN_INTERPRETER_TRITON = (3, 7)
+# The oldest Triton whose compiler builds every fa_amd kernel for a GPU (first matching arch-name
+# prefix wins).  Checked under each version by the AOT matrix (.ci/aot_matrix.py, docs/AOT.md) for
+# the AMD targets; ROCm PyTorch 2.6 ships triton 3.2.
+MIN_TRITON = (("gfx950", (3, 2)), ("gfx", (3, 2)), ("sm", (3, 2)))
+# Older Tritons build kernels that run correctly but spill registers to scratch (slower) on these
+# GPUs (measured by the AOT matrix, docs/AOT.md): the first launch warns once below this version.
+SPILL_FREE_TRITON = (("gfx11", (3, 6)), ("gfx12", (3, 6)))
+
+
+def _triton_interprets() -> bool:
+    """Whether triton itself runs in interpreter mode: it reads TRITON_INTERPRET when imported and
+    decorates its own @jit library functions (tl.sum, tl.max, ...) accordingly."""
+    import triton.language as tl
+
+    return type(tl.standard.sum).__name__ == "InterpretedFunction"
+
+
+# TRITON_INTERPRET changed between `import triton` (e.g. by `import torch._dynamo`) and `import fa_amd`:
+# fa_amd's kernels and triton's own library functions then disagree, and every call would fail deep
+# inside Triton ("Cannot call @triton.jit'd outside of the scope of a kernel").
+LATE_INTERPRET = INTERPRET != _triton_interprets()
+
+
+def _late_interpret_message() -> str:
+    if INTERPRET:
+        return ("TRITON_INTERPRET=1 was set after triton was imported (by `import triton`, `import torch._dynamo`, "
+                "transformers, ... before `import fa_amd`): triton reads it once, when it is imported, so its "
+                "library was built for a GPU while fa_amd's kernels were built for the interpreter. Set "
+                "TRITON_INTERPRET=1 before anything imports triton (in the shell, or at the very top of the script)")
+    return ("TRITON_INTERPRET was unset after triton was imported in interpreter mode and before `import fa_amd`; "
+            "set it (or not) once, before anything imports triton")
 
 
 def check_interpreter_supported() -> None:
+    """Raises when the kernels cannot run as configured: TRITON_INTERPRET changed after triton was
+    imported, or an interpreter too old for fa_amd's kernels.  Cheap: every call checks it."""
+    if LATE_INTERPRET:
+        raise RuntimeError(_late_interpret_message())
     if INTERPRET and TRITON_VERSION < MIN_INTERPRETER_TRITON:
         raise RuntimeError(
             f"TRITON_INTERPRET=1 with triton {triton.__version__}: its interpreter cannot run fa_amd's kernels "
             f"(loops with run-time bounds); use triton >= {'.'.join(map(str, MIN_INTERPRETER_TRITON))} for "
             "CPU/interpreter runs, or unset TRITON_INTERPRET on a GPU")
+
+
+def cpu_without_interpreter_message(name: str) -> str:
+    """Why a CPU tensor cannot run here: no interpreter, or TRITON_INTERPRET=1 set after `import fa_amd`."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return (f"{name} is a CPU tensor but fa_amd's kernels need a GPU: TRITON_INTERPRET=1 was set after fa_amd "
+                "(and triton) were imported, and both read it once, at import. Set TRITON_INTERPRET=1 before "
+                "anything imports triton or fa_amd (in the shell, or at the very top of the script)")
+    return (f"{name} is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
+            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+
+
+def min_triton(arch_name: str) -> tuple:
+    """The oldest triton (major, minor) that builds fa_amd's kernels for this GPU (MIN_TRITON)."""
+    return next((v for prefix, v in MIN_TRITON if arch_name.startswith(prefix)), MIN_TRITON[-1][1])
+
+
+def check_triton_floor(arch: "Arch") -> None:
+    """Raises a RuntimeError naming the installed and the needed triton when it is older than
+    MIN_TRITON allows for this GPU (compiling would fail with a Triton error on first launch)."""
+    if arch.backend == "interpreter":
+        return
+    need = min_triton(arch.name)
+    if TRITON_VERSION < need:
+        raise RuntimeError(
+            f"fa_amd needs triton >= {'.'.join(map(str, need))} on {arch.name}; found triton {triton.__version__}. "
+            f"Install a newer one (e.g. `pip install 'triton>={'.'.join(map(str, need))}'`, or the PyTorch build "
+            "for your ROCm/CUDA that ships it)")
+
+
+# Triton's interpreter keeps bf16 tensors as their raw uint16 bits, and its tl.dot multiplies those
+# integers (garbage results, triton 3.7 .. 3.9; fp16, fp32 and fp8 dots are exact).  With fa_amd in
+# interpreter mode, bf16 dot operands are widened to fp32 first: exact (every bf16 value is an fp32
+# value) and what a GPU's bf16 dot computes (fp32 products and sums).  Elementwise bf16 math and
+# conversions are correct there already.  False where the interpreter could not be patched (bf16
+# inputs then raise on CPU instead of computing garbage).
+INTERPRETER_BF16_DOT = False
+
+
+def _fix_interpreter_bf16_dot() -> bool:
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    except ImportError:
+        return False
+    create_dot = InterpreterBuilder.create_dot
+    if getattr(create_dot, "fa_amd_bf16", False):
+        return True
+
+    def widen(h):
+        if getattr(h.dtype, "scalar", h.dtype) != tl.bfloat16 or h.data.dtype != np.uint16:
+            return h
+        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def bf16_safe_create_dot(self, a, b, *args, **kwargs):
+        return create_dot(self, widen(a), widen(b), *args, **kwargs)
+
+    bf16_safe_create_dot.fa_amd_bf16 = True
+    InterpreterBuilder.create_dot = bf16_safe_create_dot
+    return True
+
+
+if INTERPRET and not LATE_INTERPRET:
+    INTERPRETER_BF16_DOT = _fix_interpreter_bf16_dot()
 
 
 # Triton's interpreter (3.9) rounds float32/float16/bfloat16 -> fp8 wrongly: its round-to-nearest adds
@@ -66,7 +166,7 @@ def _fix_interpreter_fp8_rounding() -> None:
     interpreter._convert_float = convert_float
 
 
-if INTERPRET:
+if INTERPRET and not LATE_INTERPRET:
     _fix_interpreter_fp8_rounding()
 
 
@@ -93,6 +193,21 @@ def _hip_arch_name(props) -> str:
 
 @functools.lru_cache(maxsize=None)
 def device_arch(device_index: int = 0) -> Arch:
+    """The GPU's Arch, once its triton floor is checked (cached: once per process and device)."""
+    arch = detect_arch(device_index)
+    check_triton_floor(arch)
+    want = next((v for prefix, v in SPILL_FREE_TRITON if arch.name.startswith(prefix)), None)
+    if want and TRITON_VERSION < want:
+        import warnings
+
+        warnings.warn(f"fa_amd: triton {triton.__version__} builds fa_amd's kernels for {arch.name} with register "
+                      f"spills (correct, but slower); triton >= {'.'.join(map(str, want))} builds them spill-free "
+                      "(docs/AOT.md)", stacklevel=2)
+    return arch
+
+
+def detect_arch(device_index: int = 0) -> Arch:
+    """The Arch of a device (no checks)."""
     if INTERPRET or not torch.cuda.is_available():
         return Arch("interpreter", "cpu", 32)
     props = torch.cuda.get_device_properties(device_index)

@@ -83,6 +83,11 @@ def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[D
     # options, then other options at the default tile, then everything else
     for bm, bn in tiles:
         add(dict(default, BLOCK_M=bm, BLOCK_N=bn))
+    if kernel in ("dkdv", "dkdv_atomic") and head_dim_padded >= 256:
+        # dK and dV in separate programs, one accumulator each (DKDV_SPLIT): the register-bound d256 rows
+        # can then take 2-4x the keys per program (docs/TUNING_NOTES.md v9)
+        for bm, bn in ((16, 64), (16, 128), (32, 64)):
+            add(dict(default, BLOCK_M=bm, BLOCK_N=bn, DKDV_SPLIT=1))
     if switches.get("RELOAD_CHUNK"):
         for chunk in (0, 32, 64):  # 0: the resident-operand kernel
             add(dict(default, RELOAD_CHUNK=chunk))

@@ -6,13 +6,16 @@
     TRITON_INTERPRET=1 fa-amd bench --smoke     # tiny CPU run (CI)
 
 Shapes: head dim 64/128/256, causal and not, seqlen 512..16k holding
-batch*seqlen = 16k tokens and nheads*headdim = 2048; GQA rows (16 q / 4 kv
-heads, d128); varlen rows (16k tokens packed from 17 documents, causal, d128).
+batch*seqlen = 16k tokens and nheads*headdim = 2048 (d96 / d192 at 1k, 4k, 16k:
+2048 // d heads); GQA rows (16 q / 4 kv heads, d128); varlen rows (16k tokens
+packed from 17 documents, causal, d128).  The report adds fa_amd / cuDNN ratios.
 FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
 forward+backward = 3.5x forward.  Each method is timed with CUDA events after
 an L2 flush (triton.testing.do_bench's method), on random inputs, in
 interleaved rounds with its peers (ROUNDS); the median round is reported.
 Peak memory is that of one forward+backward, beside plain PyTorch ("eager").
+Then the SDPA route row: a model that calls F.scaled_dot_product_attention itself, timed as torch
+runs it, with SDPA's math backend, and inside fa_amd.sdpa_route() (--no-sdpa-route skips it).
 """
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ TOKENS = 16384
 HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128, 256)
+# head dims between the table rows (Phi-3's 96, 192): padded to the next row's kernels; fewer lengths
+BETWEEN_HEAD_DIMS = (96, 192)
+BETWEEN_SEQLENS = (1024, 4096, 16384)
 # 17 documents, 64..2048 tokens each, 16384 in total (a packed pre-training batch)
 VARLEN_DOCS = (64, 2048, 512, 1536, 128, 2048, 768, 256, 2048, 1024, 96, 1408, 160, 2048, 352, 1024, 864)
 assert sum(VARLEN_DOCS) == TOKENS and len(VARLEN_DOCS) == 17
@@ -100,6 +106,9 @@ def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[in
     dims = [d for d in dims if head_dims is None or d in head_dims]
     out = [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal)
            for d in dims for causal in (False, True) for s in seqlens]
+    if not quick:
+        out += [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal) for d in BETWEEN_HEAD_DIMS
+                if head_dims is None or d in head_dims for causal in (False, True) for s in BETWEEN_SEQLENS]
     if 128 in dims:
         gqa_seqlens = (4096,) if quick else (2048, 8192)
         out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
@@ -619,6 +628,124 @@ def bench_method(method: str, shape: Shape, dtype, device, smoke: bool, host_tim
     return bench_shape([method], shape, dtype, device, smoke, host_time, rounds)
 
 
+# --------------------------------------------------------------------------- SDPA route row
+# A model that calls F.scaled_dot_product_attention itself (as diffusers, timm, torchtune and custom
+# models do): a stack of pre-norm causal attention blocks, timed as torch runs it, with torch's math
+# backend (what SDPA falls back to where it has no flash kernel, e.g. MI100 / RDNA; every GPU can
+# show it), and inside fa_amd.sdpa_route(); interleaved rounds, as the kernel rows.
+SDPA_ROUTE_KIND = "sdpa_route"
+SDPA_MODEL = dict(layers=4, batch=2, seqlen=4096, hidden=2048, heads=16)  # d128; attention ~1/3 of the FLOPs
+SDPA_MODEL_SMOKE = dict(layers=1, batch=1, seqlen=16, hidden=32, heads=2)
+SDPA_ROUTE_VARIANTS = ("torch", "torch math", "fa_amd route")
+
+
+class SdpaBlock(torch.nn.Module):
+    """Pre-norm causal self-attention block that calls F.scaled_dot_product_attention."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(attn.transpose(1, 2).flatten(2))
+
+
+def _sdpa_route_context(variant: str):
+    import contextlib
+
+    if variant == "fa_amd route":
+        import fa_amd
+
+        return fa_amd.sdpa_route()
+    if variant == "torch math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+def bench_sdpa_route(dtype, device, smoke: bool, rounds: int = ROUNDS, log=print) -> List[Result]:
+    """The SDPA-calling model, forward and forward+backward, per variant (SDPA_ROUTE_VARIANTS)."""
+    cfg = SDPA_MODEL_SMOKE if smoke else SDPA_MODEL
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[SdpaBlock(cfg["hidden"], cfg["heads"]) for _ in range(cfg["layers"])])
+    model = model.to(device=device, dtype=dtype)
+    x = torch.randn(cfg["batch"], cfg["seqlen"], cfg["hidden"], generator=gen).to(device=device, dtype=dtype)
+    dout = torch.randn(x.shape, generator=gen).to(device=device, dtype=dtype)
+    params = tuple(model.parameters())
+    label = (f"SDPA model: {cfg['layers']} x causal attention block, b{cfg['batch']} s{cfg['seqlen']} "
+             f"h{cfg['heads']} d{cfg['hidden'] // cfg['heads']}")
+    log(label)
+
+    def fwd():
+        with torch.no_grad():
+            return model(x)
+
+    def fwd_bwd():
+        model(x).backward(dout)
+
+    timed = {(v, m): _Timed(dict(shape=dict(cfg), label=label, kind=SDPA_ROUTE_KIND, method=v), m, call, params, [])
+             for v in SDPA_ROUTE_VARIANTS for m, call in (("fwd", fwd), ("fwd+bwd", fwd_bwd))}
+    for r in range(max(1, rounds)):
+        order = SDPA_ROUTE_VARIANTS[r % 3:] + SDPA_ROUTE_VARIANTS[:r % 3]
+        for variant in order:
+            with _sdpa_route_context(variant):  # entered once per round: its own cost is not timed
+                for mode in ("fwd", "fwd+bwd"):
+                    _time_round(timed[(variant, mode)], smoke, first=r == 0)
+    results = []
+    for (variant, mode), t in timed.items():
+        if t.note or not t.rounds:
+            results.append(Result(**t.base, mode=mode, note=t.note or "n/a: not measured"))
+            continue
+        peak = None
+        if mode == "fwd+bwd":
+            with _sdpa_route_context(variant):
+                _clear_grads(params)
+                peak = peak_memory_mib(t.call)
+        results.append(Result(**t.base, mode=mode, ms=sorted(t.rounds)[len(t.rounds) // 2], peak_mib=peak,
+                              rounds_ms=[round(ms, 5) for ms in t.rounds]))
+    _clear_grads(params)
+    base = {(r.method, r.mode): r.ms for r in results}
+    for r in results:
+        if r.ms is not None and base.get(("torch", r.mode)):
+            r.note = f"{base[('torch', r.mode)] / r.ms:.2f}x torch"
+        shown = f"{r.ms:8.3f} ms  ({r.note})" if r.ms is not None else r.note
+        log(f"  {r.method:15s} {r.mode:8s} {shown}")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def sdpa_route_table(results: List[Result]) -> List[str]:
+    """Markdown lines for the SDPA route rows (empty when there are none)."""
+    rows = [r for r in results if r.kind == SDPA_ROUTE_KIND]
+    if not rows:
+        return []
+    idx = {(r.label, r.method, r.mode): r for r in rows}
+    out = ["\n### An SDPA-calling model, without and with `fa_amd.sdpa_route()` (ms; speedup vs torch)\n",
+           "torch: SDPA as torch picks its backend; torch math: SDPA's math backend (what GPUs without an SDPA "
+           "flash kernel, e.g. MI100 / RDNA, fall back to); fa_amd route: the same model inside "
+           "`fa_amd.sdpa_route()`.\n",
+           "| model | mode | " + " | ".join(SDPA_ROUTE_VARIANTS) + " |", "|---" * (len(SDPA_ROUTE_VARIANTS) + 2) + "|"]
+    for label in dict.fromkeys(r.label for r in rows):
+        for mode in ("fwd", "fwd+bwd"):
+            cells = []
+            for v in SDPA_ROUTE_VARIANTS:
+                r = idx.get((label, v, mode))
+                if r is None or r.ms is None:
+                    cells.append(r.note if r is not None and r.note else "n/a")
+                else:
+                    cells.append(f"{r.ms:.3f}" + (f" ({r.note})" if v != "torch" and r.note else ""))
+            out.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
+    return out
+
+
 def environment(device) -> Dict:
     import triton
 
@@ -639,8 +766,9 @@ def environment(device) -> Dict:
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
         host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
-        fp8: bool = False) -> List[Result]:
-    """Every shape (fp8: the FP8 rows'); `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
+        sdpa_route: bool = True, fp8: bool = False) -> List[Result]:
+    """Every shape (fp8: the FP8 rows'), then the SDPA route row (`sdpa_route`); `checkpoint(results so
+    far)` after each (a cut run keeps what it measured)."""
     results = []
     for shape in (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)):
         if checkpoint is not None and results:
@@ -653,6 +781,10 @@ def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=N
             spread = (f"  rounds {min(r.rounds_ms):.3f}..{max(r.rounds_ms):.3f}"
                       if r.rounds_ms and len(r.rounds_ms) > 1 else "")
             log(f"  {r.method:15s} {r.mode:8s} {shown}{mem}{spread}")
+    if sdpa_route:
+        if checkpoint is not None and results:
+            checkpoint(results)
+        results += bench_sdpa_route(dtype, device, smoke, rounds, log)
     return results
 
 
@@ -666,16 +798,45 @@ def _cell(r: Optional[Result]) -> str:
     return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
 
 
+def _ratio(ours: Optional[Result], theirs: Optional[Result], used: set) -> str:
+    if ours is None or theirs is None or not ours.tflops or not theirs.tflops:
+        return _na("not run", used)
+    return f"{ours.tflops / theirs.tflops:.2f}x"
+
+
+# why a table cell says "n/a" (the TFLOP/s cells of failed or unavailable peers list theirs per method)
+NA_REASONS = {
+    "not run": "the method did not run this shape (its reason is listed below the tables)",
+    "no GPU": "peak memory and CUDA-graph time come from the CUDA/ROCm allocator and graphs, so a run "
+              "without a GPU (--smoke under TRITON_INTERPRET=1) does not measure them",
+    "no graph": "the call could not be captured in a CUDA graph (e.g. it synchronizes with the host)",
+}
+
+
+def _na(key: str, used: set) -> str:
+    used.add(key)
+    return f"n/a ({key})"
+
+
 def markdown_tables(results: List[Result]) -> str:
+    route_lines = sdpa_route_table(results)
+    results = [r for r in results if r.kind != SDPA_ROUTE_KIND]
     methods = [m for m in METHODS + FP8_METHODS if any(r.method == m for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
     out = []
+    why = set()  # the n/a reasons these tables used, explained under them
+    # fa_amd's ratio to cuDNN (the rival SDPA picks on Hopper), where both ran
+    ratio = "fa_amd" in methods and "sdpa_cudnn" in methods
     for mode in ("fwd", "fwd+bwd"):
         out += [f"\n### {'Forward' if mode == 'fwd' else 'Forward + backward'} (TFLOP/s)\n",
-                "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+                "| shape | " + " | ".join(methods) + (" | vs cuDNN" if ratio else "") + " |",
+                "|---" * (len(methods) + 1 + ratio) + "|"]
         for label in labels:
-            out.append(f"| {label} | " + " | ".join(_cell(idx.get((label, m, mode))) for m in methods) + " |")
+            cells = [_cell(idx.get((label, m, mode))) for m in methods]
+            if ratio:
+                cells.append(_ratio(idx.get((label, "fa_amd", mode)), idx.get((label, "sdpa_cudnn", mode)), why))
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
     # memory: fwd+bwd peak, relative to eager where eager ran
     out += ["\n### Peak memory of one forward + backward (MiB; x = relative to eager)\n",
             "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
@@ -684,8 +845,10 @@ def markdown_tables(results: List[Result]) -> str:
         cells = []
         for m in methods:
             r = idx.get((label, m, "fwd+bwd"))
-            if r is None or r.peak_mib is None:
-                cells.append("n/a")
+            if r is None or r.tflops is None:
+                cells.append(_na("not run", why))
+            elif r.peak_mib is None:
+                cells.append(_na("no GPU", why))
             elif eager is not None and eager.peak_mib:
                 cells.append(f"{r.peak_mib:.0f} ({r.peak_mib / eager.peak_mib:.2f}x)")
             else:
@@ -700,15 +863,19 @@ def markdown_tables(results: List[Result]) -> str:
             for m in methods:
                 r = idx.get((label, m, "fwd+bwd"))
                 if r is None or r.host_ms is None:
-                    cells.append("n/a")
+                    cells.append(_na("not run", why))
                 else:
-                    cells.append(f"{r.host_ms:.3f} / " + (f"{r.graph_ms:.3f}" if r.graph_ms is not None else "n/a"))
+                    graph = (f"{r.graph_ms:.3f}" if r.graph_ms is not None
+                             else _na("no GPU" if r.peak_mib is None else "no graph", why))
+                    cells.append(f"{r.host_ms:.3f} / " + graph)
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     out += fp8_speedup_lines(results)
+    if why:
+        out += ["\n" + "; ".join(f"n/a ({key}): {NA_REASONS[key]}" for key in sorted(why)) + "."]
     notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
     if notes:
-        out += ["\nn/a reasons:\n"] + [f"- {n}" for n in notes]
-    return "\n".join(out)
+        out += ["\nn/a reasons (TFLOP/s cells):\n"] + [f"- {n}" for n in notes]
+    return "\n".join(out + route_lines)
 
 
 # the peers fa_amd is meant to beat (the other Triton / FA2-class kernels); cuDNN is the stretch goal
@@ -752,7 +919,8 @@ def markdown_doc(payload: Dict, plot_file: Optional[str] = None) -> str:
         "# Performance", "",
         f"Measured by `fa-amd bench` on **{env.get('gpu')}** ({env.get('arch')}, {env.get('runtime', '')}), "
         f"torch {env['torch']}, triton {env['triton']}, dtype {payload['dtype']}, {env['date']}.", "",
-        f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN}; GQA rows use 16 query "
+        f"Dense rows hold batch x seqlen = {TOKENS} tokens and heads x head_dim = {HIDDEN} ({HIDDEN} // d heads "
+        f"at d{' / d'.join(map(str, BETWEEN_HEAD_DIMS))}); GQA rows use 16 query "
         f"/ 4 KV heads at d128; the varlen row packs {len(VARLEN_DOCS)} documents of 64..2048 tokens "
         f"({TOKENS} tokens, causal). FLOPs: forward 4*b*h*sq*sk*d, halved for causal, summed per document for "
         "varlen; forward+backward counts 3.5x the forward. " + _timing_sentence(payload) + " "
@@ -810,16 +978,25 @@ def plot(results: List[Result], path: str, title: str):
 # --------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser):
+    parser.description = __doc__.split("\n\n")[0]
+    parser.epilog = ("Cells read 'n/a (reason)': 'not run' (the method cannot run that shape; the reason is listed "
+                     "under the tables), 'no GPU' (peak memory and CUDA-graph time need a CUDA/ROCm device, so "
+                     "--smoke on CPU has none), 'no graph' (the call could not be captured in a CUDA graph).")
     parser.add_argument("--quick", action="store_true", help="a few rows (d128, two seqlens, one GQA, varlen)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, fa_amd + eager + SDPA only, runs on CPU under TRITON_INTERPRET=1")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+                        help="tiny shapes (seqlen 64-96, d32), fa_amd + SDPA + eager, one round: a CPU check "
+                             "that the bench runs (what CI does, under TRITON_INTERPRET=1); times are the "
+                             "interpreter's and memory / graph cells read n/a (no GPU)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                        help="input dtype (default bf16; use fp16 on MI100 / gfx908)")
     parser.add_argument("--methods", nargs="+", choices=METHODS + FP8_METHODS, default=None,
-                        help="methods to run (default: all; unavailable ones print n/a)")
+                        help="methods to run (default: all; --smoke: fa_amd sdpa_flash eager); unavailable "
+                             "ones print n/a with the reason")
     parser.add_argument("--fp8", action="store_true",
                         help="the FP8 rows instead: d128 shapes, fa_amd's FP8 forward (FA3-style inputs, and "
                              "flash_attn_fp8_func) vs its bf16 forward and torch's FP8 attention where it has one")
-    parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here")
+    parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here (a run cut "
+                                                     "short leaves results.partial.json)")
     parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
     parser.add_argument("--host-time", action="store_true",
                         help="also measure, per forward+backward, the CPU time to issue one call and the GPU "
@@ -827,12 +1004,27 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"interleaved timing rounds per shape (default {ROUNDS}; 1 with --smoke); each "
                              f"(method, mode) reports its median round of {ROUND_REP_MS} ms of calls")
-    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS + BETWEEN_HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
+    parser.add_argument("--no-sdpa-route", action="store_true",
+                        help="skip the SDPA route row (a model calling F.scaled_dot_product_attention, timed as "
+                             "torch runs it, with SDPA's math backend, and inside fa_amd.sdpa_route())")
     parser.add_argument("--from-json", metavar="PATH", nargs="+",
                         help="do not run; report results.json files from earlier runs (several: merged, "
                              "all from one GPU)")
+    # decode side (fa_amd/bench_decode.py): run instead of the prefill rows when given
+    parser.add_argument("--decode", action="store_true",
+                        help="KV-cache decode rows instead: batch {1,8,64} x cache {2k,8k,32k,128k}, GQA 32/8, d128; "
+                             "KV GB/s and us vs SDPA, FlexAttention, flash_attn")
+    parser.add_argument("--generate", action="store_true",
+                        help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
+    parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
+                        default=None, help="peers of the --decode rows (default: all)")
+    parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,
+                        help="only these --decode rows, e.g. 1x2048 64x131072 (to split a long run)")
+    parser.add_argument("--hbm-peak-gbs", type=float, default=None,
+                        help="HBM peak of this GPU in GB/s for the --decode %% column (known GPUs: detected)")
 
 
 def _read_json(path: str) -> Dict:
@@ -860,6 +1052,10 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
 
 
 def run_cli(args) -> int:
+    if getattr(args, "decode", False) or getattr(args, "generate", False):
+        from . import bench_decode
+
+        return bench_decode.run_cli(args)
     if args.from_json:
         try:
             payload = merge_payloads([_read_json(path) for path in args.from_json])
@@ -901,7 +1097,7 @@ def run_cli(args) -> int:
             os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
                       host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None,
-                      fp8=args.fp8)
+                      sdpa_route=not (args.no_sdpa_route or args.fp8), fp8=args.fp8)
         payload = payload_of(results)
         if args.out and os.path.exists(os.path.join(args.out, "results.partial.json")):
             os.remove(os.path.join(args.out, "results.partial.json"))

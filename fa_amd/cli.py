@@ -25,22 +25,47 @@ def _versions():
 def cmd_info(args) -> int:
     import torch
 
-    from .arch import INTERPRET, device_arch
-    from .tuning import KERNELS, family_of, get_config
+    from . import arch as arch_mod
+    from .tuning import KERNELS, family_of, get_config, get_decode_config, get_decode_split_policy
     from .tuning.tuned_table import autotune_enabled, tuned_copy, tuned_table_path
 
     torch_v, triton_v = _versions()
-    arch = device_arch()
+    arch = arch_mod.detect_arch()
+    runs_here = arch.backend != "interpreter" or arch_mod.INTERPRET
     print(f"fa_amd      {__import__('fa_amd').__version__}")
     print(f"torch       {torch_v}" + (f" (ROCm {torch.version.hip})" if torch.version.hip else
                                       f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""))
     print(f"triton      {triton_v}")
-    print(f"backend     {arch.backend}")
-    print(f"arch        {arch.name} (table family {family_of(arch)})")
-    print(f"warp size   {arch.warp_size}")
-    print(f"interpreter {'on (TRITON_INTERPRET=1)' if INTERPRET else 'off'}")
+    if arch.backend != "interpreter":
+        print(f"backend     {arch.backend}")
+    elif arch_mod.INTERPRET:
+        print("backend     interpreter (Triton's CPU interpreter: TRITON_INTERPRET=1)")
+    else:
+        print("backend     none: no GPU found and TRITON_INTERPRET is not set, so fa_amd's kernels cannot run "
+              "here (set TRITON_INTERPRET=1 before importing fa_amd to use Triton's CPU interpreter)")
+    if runs_here:
+        print(f"arch        {arch.name} (table family {family_of(arch)})")
+        print(f"warp size   {arch.warp_size}")
+    if arch_mod.LATE_INTERPRET:
+        print(f"interpreter BROKEN: {arch_mod._late_interpret_message()}")
+    elif arch.backend == "interpreter" and arch_mod.INTERPRET:
+        dot = ("exact (dot operands widened to fp32)" if arch_mod.INTERPRETER_BF16_DOT else
+               "not supported by this triton's interpreter (use fp16 / fp32)")
+        print(f"interpreter on (TRITON_INTERPRET=1; needs triton >= "
+              f"{'.'.join(map(str, arch_mod.MIN_INTERPRETER_TRITON))}); bf16: {dot}")
+    else:
+        print("interpreter off")
+    if arch.backend != "interpreter":
+        need = ".".join(map(str, arch_mod.min_triton(arch.name)))
+        try:
+            arch_mod.check_triton_floor(arch)
+            print(f"triton floor >= {need} for {arch.name}: ok")
+        except RuntimeError as err:
+            print(f"triton floor TOO OLD: {err}")
     if torch.cuda.is_available():
         print(f"device      {torch.cuda.get_device_name()}")
+    if not runs_here:
+        return 0
     path = tuned_table_path()
     tuned = tuned_copy().get(family_of(arch))
     print(f"tuned table {path} ({'has ' + family_of(arch) + ' rows' if tuned else 'no rows for this arch'}); "
@@ -50,6 +75,9 @@ def cmd_info(args) -> int:
         print(f"  d{d}:")
         for kernel in KERNELS:
             print(f"    {kernel:11s} {get_config(arch, kernel, d)}")
+        for kernel, cfg in get_decode_config(arch, d).items():
+            print(f"    {kernel:11s} {cfg}")
+    print(f"decode key splits: {get_decode_split_policy(arch)}")
     return 0
 
 
@@ -61,19 +89,25 @@ def cmd_check(args) -> int:
     import fa_amd
     from .reference import attention_ref
 
-    if torch.cuda.is_available():
-        device = "cuda"
-    elif os.environ.get("TRITON_INTERPRET", "0") == "1":
+    from . import arch
+
+    if arch.LATE_INTERPRET:
+        print(f"error: {arch._late_interpret_message()}", file=sys.stderr)
+        return 2
+    if arch.INTERPRET:
         device = "cpu"
+    elif torch.cuda.is_available():
+        device = "cuda"
     else:
         print("error: no GPU found; set TRITON_INTERPRET=1 to check on CPU through Triton's interpreter",
               file=sys.stderr)
         return 2
-    dtypes = {"fp16": [torch.float16], "bf16": [torch.bfloat16], "all": [torch.float16, torch.bfloat16]}[args.dtype]
-    if device == "cpu" and torch.bfloat16 in dtypes:
-        # numpy has no bfloat16, and Triton's interpreter computes garbage for it
-        print("note: bf16 is not checked under the Triton interpreter (no numpy bfloat16); checking fp16")
-        dtypes = [torch.float16]
+    dtypes = {"fp16": [torch.float16], "bf16": [torch.bfloat16], "fp32": [torch.float32],
+              "all": [torch.float16, torch.bfloat16, torch.float32]}[args.dtype]
+    if device == "cpu" and torch.bfloat16 in dtypes and not arch.INTERPRETER_BF16_DOT:
+        print("error: this triton's interpreter computes bf16 dots wrongly and fa_amd could not correct it; "
+              "check --dtype fp16 or fp32 on CPU", file=sys.stderr)
+        return 2
     # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): odd lengths, GQA and padding included
     cases = [(2, 128, 128, 4, 4, 64, False), (1, 97, 131, 4, 2, 80, True), (1, 64, 64, 2, 1, 128, True),
              (1, 33, 65, 2, 2, 256, False)]
@@ -98,7 +132,7 @@ def cmd_check(args) -> int:
             ref64, ref_lp = (attention_ref(q, k, v, causal=causal, upcast=up)[0] for up in (True, False))
             ref_grads = torch.autograd.grad(ref64, (q, k, v), dout.double())
             lp_grads = torch.autograd.grad(ref_lp, (q, k, v), dout)
-            eps = 1e-3 if dtype == torch.bfloat16 else 1e-4
+            eps = {torch.bfloat16: 1e-3, torch.float16: 1e-4, torch.float32: 2e-5}[dtype]
             for name, got, r64, rlp in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref64, *ref_grads),
                                            (ref_lp, *lp_grads)):
                 err = (got.double() - r64.double()).abs().max().item()
@@ -167,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="backend, arch, versions and table configs")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("check", help="quick correctness check vs the reference on this device")
-    p.add_argument("--dtype", choices=("fp16", "bf16", "all"), default="all")
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32", "all"), default="all",
+                   help="dtype(s) to check (all: fp16, bf16 and fp32)")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("bench", help="benchmark vs SDPA / FlexAttention / flash_attn / eager")
     bench.add_arguments(p)

@@ -223,16 +223,17 @@ def attention_fwd_fp8(
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, out_dtype: torch.dtype,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                             return_probs, descale=descale, out_dtype=out_dtype)
+                             return_probs, sinks, descale=descale, out_dtype=out_dtype)
 
 
 @attention_fwd_fp8.register_fake
 def _attention_fwd_fp8_fake(q, k, v, descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
-                            out_dtype):
+                            out_dtype, sinks=None):
     if cu_seqlens_q is not None:
         batch, hq = cu_seqlens_q.shape[0] - 1, q.shape[1]
         lse = q.new_empty((hq, q.shape[0]), dtype=torch.float32)
@@ -247,14 +248,16 @@ def _fp8_forward(*args):
     """attention_fwd_fp8's (out, lse, probs): the op while torch.compile traces, the launcher otherwise."""
     if torch.compiler.is_compiling():
         return torch.ops.fa_amd.attention_fwd_fp8(*args)
-    return attention_forward(*args[:3], *args[4:16], descale=args[3], out_dtype=args[16])
+    sinks = args[17] if len(args) > 17 else None
+    return attention_forward(*args[:3], *args[4:16], sinks, descale=args[3], out_dtype=args[16])
 
 
 # --------------------------------------------------------------------------- FA3-style FP8 inputs
 
 def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                       q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+                       q_descale=None, k_descale=None, v_descale=None, out_dtype=None, sinks=None, s_aux=None,
+                       block_table=None, seqused_k=None):
     """flash_attn_func / flash_attn_varlen_func (cu_seqlens_q given) with FP8 q, k, v (forward only)."""
     varlen = cu_seqlens_q is not None
     if not any(isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype) for x in (q, k, v)):
@@ -264,11 +267,15 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         raise ValueError(f"{given} applies to FP8 q, k, v only, but q is {got}; leave it out for high-precision "
                          f"inputs, or call flash_attn_fp8_func to run them in FP8 (quantised inside)")
     _check_fp8_inputs(q, k, v)
+    if block_table is not None or seqused_k is not None:
+        raise ValueError("FP8 q, k, v with block_table or seqused_k (paged KV) are not supported by "
+                         "flash_attn_varlen_func; use flash_attn_with_kvcache with FP8 k_cache/v_cache")
     _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     if varlen:
-        batch = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                    max_seqlen_k)
         max_q, max_k = max_seqlen_q, max_seqlen_k
     else:
         batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
@@ -277,12 +284,17 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                 for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     out_dtype = _check_out_dtype(out_dtype)
     alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, nheads_q)
+    sinks = _api._check_sinks(sinks, s_aux, q, nheads_q)
+    if sinks is not None and torch.is_grad_enabled() and sinks.requires_grad:
+        raise ValueError("FP8 attention is forward-only: sinks that require grad have no backward here; detach "
+                         "them, or use flash_attn_func with high-precision inputs to train sinks")
     q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, varlen, return_attn_probs)
     v = _v_layout(v, varlen, arch_for(q))
     out, lse, probs = _fp8_forward(
         q, k, v, pack_descales(*descales, nheads_q), cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale,
-        left, right, softcap, alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype)
+        left, right, softcap, alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype,
+        sinks)
     return _api._finish(out, lse, probs, return_attn_probs)
 
 
@@ -305,8 +317,12 @@ def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 def _backward(ctx, dout):
     """Gradients of the high-precision inputs by the existing backward kernels, from the saved
-    high-precision q, k, v and the FP8 forward's out and lse (module docstring)."""
-    bwd = torch.ops.fa_amd.attention_bwd if torch.compiler.is_compiling() else ops._backward_impl
+    high-precision q, k, v and the FP8 forward's out and lse (module docstring); once-differentiable
+    as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
+    if torch.compiler.is_compiling():
+        bwd = torch.ops.fa_amd.attention_bwd
+    else:
+        bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._backward_impl
     return ops._backward_with(bwd, ctx, dout)
 
 
@@ -358,12 +374,14 @@ def flash_attn_varlen_fp8_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     """flash_attn_varlen_func with the forward in FP8, quantised per (sequence, head)
     (see flash_attn_fp8_func)."""
     if block_table is not None:
-        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
+        raise ValueError("flash_attn_varlen_fp8_func does not take block_table (paged KV is forward-only); pass "
+                         "contiguous k/v, or FP8 pages with descales to flash_attn_with_kvcache")
     _api._check_qkv(q, k, v, varlen=True)
     fp8_dtypes(q)
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    batch = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                max_seqlen_k)
     max_q, max_k = max_seqlen_q, max_seqlen_k
     alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, q.shape[1])
     q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))

@@ -13,13 +13,18 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import ops  # the attention op (and registers torch.ops.fa_amd.*)
-from .arch import INTERPRET, check_interpreter_supported
+import triton
+
+from . import arch, ops  # the attention op (and registers torch.ops.fa_amd.*)
+from .arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
 from .kernels.launch import MAX_GRID_YZ, row_offsets_fit, with_int32_row_offsets
 from .memo import memo_per_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+# the kernels compute scores in float32 log2 units (softmax_scale * log2(e), softcap * log2(e))
+_FLOAT32_MAX = 3.4028234663852886e38
+_LOG2E = 1.4426950408889634
 # cu_seqlens values are checked on the host (one small device->host copy per
 # call) unless this is "0" or the call is being traced by torch.compile.
 _CHECK_VARLEN = os.environ.get("FA_AMD_CHECK_VARLEN", "1") != "0"
@@ -52,9 +57,10 @@ def _check_qkv(q, k, v, varlen: bool, dtypes=SUPPORTED_DTYPES):
     _check_device("v", v, q)
     check_interpreter_supported()
     if q.device.type == "cpu" and not INTERPRET:
-        raise ValueError(
-            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
-            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+        raise ValueError(cpu_without_interpreter_message("q"))
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and not arch.INTERPRETER_BF16_DOT:
+        raise TypeError(f"q is bfloat16, which triton {triton.__version__}'s interpreter computes wrongly; "
+                        "use float16 or float32 on the CPU")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
     head_dim = q.shape[-1]
@@ -128,7 +134,26 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap >= 0.0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
+    _check_float32_range(float(softmax_scale), float(softcap))
     return float(dropout_p), float(softmax_scale), int(left), int(right), float(softcap)
+
+
+def _check_float32_range(softmax_scale: float, softcap: float):
+    """The factors the kernels multiply raw q.k scores by must be float32 numbers: without softcap,
+    softmax_scale * log2(e); with it, softmax_scale / softcap and softcap * log2(e).  (Past that the
+    score of every nonzero q.k overflows; a softcapped score is bounded by softcap, so a huge scale
+    is fine there.)"""
+    if softcap > 0.0:
+        if softcap * _LOG2E >= _FLOAT32_MAX:
+            raise ValueError(f"softcap = {softcap} overflows the kernels' float32 scores; it must be below "
+                             f"{_FLOAT32_MAX / _LOG2E:.3g}")
+        if abs(softmax_scale) / softcap >= _FLOAT32_MAX:
+            raise ValueError(f"softmax_scale / softcap = {softmax_scale} / {softcap} overflows float32 (the kernels "
+                             f"compute softcap * tanh(q.k * softmax_scale / softcap) in float32)")
+    elif abs(softmax_scale) * _LOG2E >= _FLOAT32_MAX:
+        raise ValueError(f"softmax_scale = {softmax_scale} overflows the kernels' float32 scores "
+                         f"(softmax_scale * log2(e) must be below the float32 maximum, so |softmax_scale| < "
+                         f"{_FLOAT32_MAX / _LOG2E:.3g})")
 
 
 def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
@@ -146,6 +171,15 @@ def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
 
 
 def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
+    """cu (made contiguous: the kernels read it as such) after checking it as the `name` argument.
+
+    Its values (starts at 0, non-decreasing, within the `total` tokens, no segment longer than
+    max_seqlen) are checked on the host, once per tensor and version (fa_amd.memo: every layer
+    passes the same tensor), unless FA_AMD_CHECK_VARLEN=0 or torch.compile is tracing.  The memo
+    also compares a CPU tensor's contents (numpy views write them without bumping the version);
+    a write to a GPU tensor that bypasses its version counter (DLPack, `.data`) is not seen.
+    Memory safety never rests on this check: the kernels clamp every segment into the packed
+    tensors (kernels/score_mods.seq_bounds), so bad values give wrong numbers, never a crash."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -158,7 +192,9 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
     if max_seqlen < 0:
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
-        return
+        return cu.contiguous()
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return cu.contiguous()  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
     # a model calls varlen attention once per layer with the same cu_seqlens: one sync per tensor
     first, last, min_len, max_len = memo_per_tensor(cu, "cu_seqlens_stats", _cu_seqlens_stats)
     if first != 0:
@@ -169,6 +205,33 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name}[-1] = {last} exceeds the {total} tokens of the packed tensor")
     if max_len > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest segment in {name} ({max_len})")
+    return cu.contiguous()
+
+
+# for the Transformers glue, which checks packed boundaries under its users' argument names
+check_cu_seqlens = _check_cu_seqlens
+
+
+def _check_sinks(sinks, s_aux, q, nheads: int):
+    """Learnable attention sinks (`sinks`, as vLLM names them; `s_aux`, as gpt-oss and the FA3 fork
+    of vLLM do): one logit per query head that joins each row's softmax denominator.  Returns them as
+    fp32 (nheads,) (a differentiable cast: gradients flow back to the caller's tensor) or None."""
+    if s_aux is not None:
+        if sinks is not None:
+            raise ValueError("pass attention sinks as `sinks` or as `s_aux`, not both")
+        sinks, name = s_aux, "s_aux"
+    else:
+        name = "sinks"
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor (one logit per query head), got {sinks.dtype}")
+    _check_device(name, sinks, q)
+    if tuple(sinks.shape) != (nheads,):
+        raise ValueError(f"{name} must have shape ({nheads},) (one logit per query head), got {tuple(sinks.shape)}")
+    return sinks.to(torch.float32).contiguous()
 
 
 def _cu_seqlens_stats(cu):
@@ -177,17 +240,18 @@ def _cu_seqlens_stats(cu):
     return tuple(torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist())
 
 
-def _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
-    """Checks cu_seqlens_q/k and max_seqlen_q/k against q and k; returns the batch size."""
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
+def _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Checks cu_seqlens_q/k and max_seqlen_q/k against q and k; returns (batch, cu_seqlens_q,
+    cu_seqlens_k), the cu_seqlens made contiguous (_check_cu_seqlens)."""
+    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     batch = cu_seqlens_q.numel() - 1
-    if batch > MAX_GRID_YZ:
-        raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
-    return batch
+    if batch + 1 > MAX_GRID_YZ:  # one more program row writes the tokens past cu_seqlens_q[-1]
+        raise ValueError(f"at most {MAX_GRID_YZ - 1} sequences per varlen call are supported, got {batch}")
+    return batch, cu_seqlens_q, cu_seqlens_k
 
 
 def _is_fp8_call(tensors, options) -> bool:
@@ -212,8 +276,8 @@ def _finish(out, lse, probs, return_attn_probs):
 # --------------------------------------------------------------------------- dense
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, q_descale=None,
-                    k_descale=None, v_descale=None, out_dtype=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None, s_aux=None, *,
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
 
     causal is aligned to the bottom-right corner when seqlen_q != seqlen_k.
@@ -223,6 +287,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     deterministic=True computes every gradient without atomics (bitwise reproducible); the default False
     lets the arch's tables choose atomics where they are faster (fp32 atomic dQ on AMD, atomic sums of
     split GQA groups on sm90; last-bit run-to-run differences there).
+    sinks (alias s_aux): optional learnable attention sinks, (nheads,) logits that join each row's
+    softmax denominator only (gpt-oss; FA3/vLLM's `s_aux`), differentiable; softmax_lse then includes
+    them.  With dropout, the probabilities (sink's share included in their denominator) are dropped.
     FP8 q, k, v (FA3 style, forward only): q_descale, k_descale, v_descale fp32 (batch, nheads_k),
     default 1; out is bfloat16 or out_dtype (fa_amd.fp8).
     """
@@ -230,76 +297,91 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         from . import fp8  # fp8 sits above this module (it reuses the checks here)
         return fp8.descaled_attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size,
                                       softcap, alibi_slopes, deterministic, return_attn_probs,
-                                      q_descale, k_descale, v_descale, out_dtype)
+                                      q_descale, k_descale, v_descale, out_dtype, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
+    sinks = _check_sinks(sinks, s_aux, q, q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
     out, lse, probs = ops.attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
-        _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              sinks=None, s_aux=None):
     """qkv: (batch, seqlen, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
     q, k, v = qkv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             sinks=None, s_aux=None):
     """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv must be a tensor of shape (batch, seqlen_k, 2, nheads_k, headdim), got "
                          f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
     k, v = kv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 # --------------------------------------------------------------------------- varlen
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, q_descale=None,
-                           k_descale=None, v_descale=None, out_dtype=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, sinks=None, s_aux=None,
+                           seqused_k=None, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
 
     Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
-    (nheads, total_q). Paged KV (`block_table`) is not supported and raises.
+    (nheads, total_q).  Paged KV (flash-attn >= 2.6): with block_table (batch, max_num_blocks_per_seq)
+    int32, k and v are (num_blocks, page_block_size, nheads_k, headdim) pages (page_block_size any
+    multiple of 16) and sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of
+    its pages.  seqused_k (batch,) int32: only the first seqused_k[b] keys of sequence b are used.
+    Both are forward-only (as in flash-attn) and run the split-KV decode kernel (fa_amd.kvcache).
+    Tokens past cu_seqlens_q[-1] / cu_seqlens_k[-1] (a static buffer longer than the batch, e.g.
+    for CUDA graphs) belong to no sequence: their output and gradients are 0 and their lse +inf.
+    sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
     FP8 q, k, v as in flash_attn_func (descales (batch, nheads_k), batch = len(cu_seqlens_q) - 1).
     """
-    if block_table is not None:
-        raise ValueError("block_table (paged KV cache) is not supported by fa_amd; pass contiguous k/v instead")
     if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
         from . import fp8  # fp8 sits above this module (it reuses the checks here)
         return fp8.descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                      return_attn_probs, q_descale, k_descale, v_descale, out_dtype)
+                                      return_attn_probs, q_descale, k_descale, v_descale, out_dtype, sinks=sinks,
+                                      s_aux=s_aux, block_table=block_table, seqused_k=seqused_k)
+    if block_table is not None or seqused_k is not None:
+        return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                       block_table, seqused_k, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    batch = _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch, cu_seqlens_q, cu_seqlens_k = _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k)
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
+    sinks = _check_sinks(sinks, s_aux, q, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, return_attn_probs)
     out, lse, probs = ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
-        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, sinks=None, s_aux=None):
     """qkv: (total, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
@@ -307,12 +389,13 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks, s_aux=s_aux)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None,
+                                    s_aux=None):
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv must be a tensor of shape (total_k, 2, nheads_k, headdim), got "
@@ -320,4 +403,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     k, v = kv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks, s_aux=s_aux)
+
+
+# Decode side (flash_attn_with_kvcache, paged varlen): fa_amd/kvcache.py, which reuses the checks above,
+# so it is imported last (its import of this module finds every name already defined).
+from .kvcache import flash_attn_varlen_paged, flash_attn_with_kvcache  # noqa: E402

@@ -13,6 +13,13 @@ were bound by the CPU (docs/TUNING_NOTES.md v6).  Both paths run the same
 `attention_forward` / `_backward_impl`, save the same tensors, and CUDA graphs
 capture either.
 
+Double backward (a gradient of these gradients, e.g. a gradient penalty through
+torch.autograd.grad(..., create_graph=True)) is not supported, as in flash-attn:
+the backward is once-differentiable.  Under create_graph the gradients stay on
+the graph through a node whose own backward raises a RuntimeError that says so
+(PyTorch's once_differentiable convention, with fa_amd's message), on the eager
+path and the custom-op path alike; used as plain values they are fine.
+
 Arguments arrive already validated and normalized by fa_amd.interface:
 window (-1 = unbounded, causal already folded into window_right=0), a float
 softmax_scale, and `rng_state` (int64[2] on the device, drawn from torch's
@@ -37,16 +44,17 @@ def attention_fwd(
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, deterministic: bool,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                             return_probs)
+                             return_probs, sinks)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                         softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
-                        deterministic):
+                        deterministic, sinks=None):
     if cu_seqlens_q is not None:
         batch = cu_seqlens_q.shape[0] - 1
         hq = q.shape[1]
@@ -65,46 +73,83 @@ def attention_bwd(
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                          deterministic)
+                          deterministic, sinks)
 
 
 def _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                   deterministic):
+                   deterministic, sinks=None):
+    """(dq, dk, dv, dsinks); dsinks is an empty fp32 tensor when there are no sinks."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dout = with_int32_row_offsets("dout", dout, max_seqlen_q, cu_seqlens_q is not None)
-    return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
-                              alibi_slopes, rng_state, deterministic)
+    grads = attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+                               alibi_slopes, rng_state, deterministic, sinks)
+    return grads if sinks is not None else (*grads, q.new_empty((0,), dtype=torch.float32))
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, *args):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                        deterministic, sinks=None):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+DOUBLE_BACKWARD_ERROR = (
+    "fa_amd attention does not support double backward (differentiating its gradients again, e.g. a "
+    "gradient penalty after torch.autograd.grad(..., create_graph=True)): its backward is once-differentiable, "
+    "as in flash-attn. Use attn_implementation='eager' or 'sdpa' (or fa_amd.reference.attention_ref) for the "
+    "second-order term.")
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError(DOUBLE_BACKWARD_ERROR)
+
+
+# the custom-op path (torch.compile, or torch.ops.fa_amd.* called directly): the backward op's own
+# gradient is an error, never a silent zero
+attention_bwd.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+class _OnceDifferentiableGrads(torch.autograd.Function):
+    """The eager backward under create_graph=True: the same gradients, attached to the graph
+    through this node, whose backward raises instead of treating them as constants."""
+
+    @staticmethod
+    def forward(ctx, dout, q, k, v, out, lse, *rest):
+        return _backward_impl(dout, q, k, v, out, lse, *rest)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_ERROR)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-     window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs, deterministic) = inputs
+     window_left, window_right, softcap, alibi_slopes, rng_state, _return_probs, deterministic) = inputs[:16]
+    sinks = inputs[16] if len(inputs) > 16 else None
+    ctx.num_inputs = len(inputs)
     out, lse, _probs = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks)
     ctx.params = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
                   deterministic)
     ctx.mark_non_differentiable(lse, _probs)
 
 
 def _backward_with(bwd, ctx, dout):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
      deterministic) = ctx.params
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                     deterministic)
-    return (dq, dk, dv) + (None,) * 13
+    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                             deterministic, sinks)
+    return ((dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,))[:ctx.num_inputs]
 
 
 def _backward(ctx, dout, _dlse, _dprobs):
@@ -116,28 +161,46 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The custom op's forward and backward without its dispatch (eager mode only)."""
+    """The custom op's forward and backward without its dispatch (eager mode only).  Takes
+    (q, k, v, sinks or None, rest), rest = attention_fwd's arguments 4..16 as one tuple: the autograd
+    machinery then handles 5 inputs and gradients instead of 16-17 (~25 us less host time per
+    forward+backward on a 2-core CI CPU, kernels stubbed; docs/TUNING_NOTES.md v9)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = attention_forward(*inputs[:-1])  # the last input, `deterministic`, is for the backward
+    def forward(ctx, q, k, v, sinks, rest):
+        # rest[-1], `deterministic`, is for the backward
+        inputs = (q, k, v, *rest) + ((sinks,) if sinks is not None else ())
+        output = attention_forward(*inputs[:15], *inputs[16:])
         _setup_context(ctx, inputs, output)
         ctx.set_materialize_grads(False)  # the backward ignores the lse / probs grads: no zero tensors
         return output
 
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
-        if dout is None:  # only lse / probs were used: no gradient flows to q, k, v
-            return (None,) * 16
-        return _backward_with(_backward_impl, ctx, dout)
+        if dout is None:  # only lse / probs were used: no gradient flows to q, k, v (or sinks)
+            return None, None, None, None, None
+        # create_graph=True: the gradients must not pass for constants (their backward raises)
+        bwd = _OnceDifferentiableGrads.apply if torch.is_grad_enabled() else _backward_impl
+        grads = _backward_with(bwd, ctx, dout)
+        return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 
 
 def attention(*inputs):
-    """(out, softmax_lse, probs) for attention_fwd's arguments, differentiable in q, k, v: the
-    custom op while torch.compile traces, the autograd.Function otherwise."""
-    if torch.compiler.is_compiling():
-        return torch.ops.fa_amd.attention_fwd(*inputs)
+    """(out, softmax_lse, probs) for attention_fwd's arguments (the 17th, `sinks`, optional),
+    differentiable in q, k, v (and sinks): the custom op while torch.compile (or another tracer:
+    tensor subclasses, dispatch modes) traces, the autograd.Function otherwise."""
     q, k, v = inputs[:3]
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return attention_forward(*inputs[:-1])  # inference: nothing to save, no autograd node
-    return EagerAttention.apply(*inputs)
+    if torch.compiler.is_compiling() or _traced(q):
+        return torch.ops.fa_amd.attention_fwd(*inputs)
+    sinks = inputs[16] if len(inputs) > 16 else None
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                         or (sinks is not None and sinks.requires_grad))):
+        return attention_forward(*inputs[:15], *inputs[16:])  # inference: nothing to save, no autograd node
+    return EagerAttention.apply(q, k, v, sinks, inputs[3:16])
+
+
+def _traced(q: Tensor) -> bool:
+    """q is a tracer's tensor (FakeTensor, FunctionalTensor, ...) or a dispatch mode is active: code that
+    runs under a tracer without being traced by dynamo itself (e.g. fa_amd.sdpa's dispatcher kernel
+    during AOTAutograd) must emit the custom op, whose fake implementation the tracer can run."""
+    return (type(q) is not Tensor and type(q) is not torch.nn.Parameter) or torch._C._len_torch_dispatch_stack() > 0

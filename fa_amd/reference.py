@@ -13,11 +13,14 @@ import torch
 
 def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                   softmax_scale=None, dropout_p=0.0, dropout_mask: Optional[torch.Tensor] = None,
-                  upcast=True):
+                  sinks: Optional[torch.Tensor] = None, upcast=True):
     """Dense attention.  q: (b, sq, hq, d), k/v: (b, sk, hk, d).  Returns (out, lse).
 
     dropout_mask: bool (b, hq, sq, sk), True = kept.  lse is (b, hq, sq) float,
     +inf on rows that see no key (flash-attn convention; their output is 0).
+    sinks: (hq,) learnable sink logits, one more column of each row's softmax whose value
+    is zero (gpt-oss): lse includes it, a row that sees no key gets lse = sink and output 0;
+    dropout acts on the keys' probabilities after the softmax.
     """
     dtype = torch.float64 if upcast else q.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -46,9 +49,12 @@ def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, a
     if left >= 0:
         keep &= rel >= -left
     scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        # the sink column: in the softmax, then dropped (it has no value)
+        scores = torch.cat([scores, sinks.to(dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isneginf(lse)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty[..., None], 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty[..., None], 0.0)[..., :sk]
     lse = lse.masked_fill(empty, float("inf"))
     if dropout_mask is not None:
         probs = probs * dropout_mask.to(dtype) / (1.0 - dropout_p)
@@ -79,6 +85,104 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alibi_slopes=No
         out[qs:qe] = o[0]
         lse[:, qs:qe] = l[0]
     return out, lse
+
+
+# --------------------------------------------------------------------------- decode / KV cache
+
+def rotary_ref(x, cos, sin, positions, interleaved: bool):
+    """x (b, s, h, d) rotated at integer positions (b, s), with flash-attn's (seqlen_ro, rotary_dim / 2)
+    cos/sin tables, computed in float64 and rounded once to x's dtype (as a fused kernel does)."""
+    half = cos.shape[1]
+    pos = positions.long().clamp(0, cos.shape[0] - 1)
+    c = cos.double()[pos][:, :, None, :]  # (b, s, 1, half)
+    s = sin.double()[pos][:, :, None, :]
+    xd = x.double()
+    rot = xd[..., : 2 * half]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        y = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        y = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    return torch.cat([y, xd[..., 2 * half:]], dim=-1).to(x.dtype)
+
+
+def _cache_rows(cache, b, cache_batch_idx, block_table):
+    """All key slots of sequence b: its dense cache row, or its pages concatenated."""
+    if block_table is not None:
+        return cache[block_table[b].long()].flatten(0, 1)
+    row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+    return cache[row]
+
+
+def attention_kvcache_ref(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary_sin=None,
+                          cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                          softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                          rotary_interleaved=True, alibi_slopes=None, sinks=None, upcast=True):
+    """flash_attn_with_kvcache semantics, plainly: returns (out, lse, k_cache_after, v_cache_after).
+
+    The caches are not modified (copies are returned with the append done: k rotated at positions
+    cache_seqlens + i and rounded to the cache dtype, v copied).  Sequence b then attends keys
+    [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of its cache row (cache_batch_idx) or pages
+    (block_table), causal bottom-right aligned over those keys; q is rotated at cache_seqlens + i
+    when causal or local, else at cache_seqlens."""
+    batch, seqlen_q = q.shape[:2]
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    if cache_seqlens is None:
+        seqlens = [capacity if k is None else 0] * batch
+    elif isinstance(cache_seqlens, int):
+        seqlens = [cache_seqlens] * batch
+    else:
+        seqlens = [int(x) for x in cache_seqlens.tolist()]
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    seqlen_new = 0 if k is None else k.shape[1]
+    local = tuple(window_size) != (-1, -1)
+    positions = torch.tensor(seqlens, device=q.device)[:, None] + torch.arange(seqlen_q, device=q.device)[None, :]
+    if rotary_cos is not None:
+        if not (causal or local):
+            positions = positions[:, :1].expand(batch, seqlen_q)
+        q = rotary_ref(q, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        k_pos = torch.tensor(seqlens, device=q.device)[:, None] + torch.arange(seqlen_new, device=q.device)[None, :]
+        k = rotary_ref(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
+    if k is not None:
+        for b in range(batch):
+            dst_k = _cache_rows(k_cache, b, cache_batch_idx, block_table)
+            dst_v = _cache_rows(v_cache, b, cache_batch_idx, block_table)
+            dst_k[seqlens[b]:seqlens[b] + seqlen_new] = k[b].to(k_cache.dtype)
+            dst_v[seqlens[b]:seqlens[b] + seqlen_new] = v[b].to(v_cache.dtype)
+            if block_table is not None:  # write the pages back (indexing with a tensor copied them)
+                pages = block_table[b].long()
+                k_cache[pages] = dst_k.view(k_cache[pages].shape)
+                v_cache[pages] = dst_v.view(v_cache[pages].shape)
+    dtype = torch.float64 if upcast else q.dtype
+    hq = q.shape[2]
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    lse = torch.full((batch, hq, seqlen_q), float("inf"), dtype=dtype, device=q.device)
+    for b in range(batch):
+        end = seqlens[b] + seqlen_new
+        start = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        keys = _cache_rows(k_cache, b, cache_batch_idx, block_table)[start:end]
+        values = _cache_rows(v_cache, b, cache_batch_idx, block_table)[start:end]
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        o, l = attention_ref(q[b:b + 1], keys[None], values[None], causal=causal, window_size=window_size,
+                             softcap=softcap, alibi_slopes=slopes, softmax_scale=softmax_scale, sinks=sinks,
+                             upcast=upcast)
+        out[b], lse[b] = o[0], l[0]
+    return out, lse, k_cache, v_cache
+
+
+def attention_paged_varlen_ref(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, block_table, *, seqused_k=None,
+                               alibi_slopes=None, **kwargs):
+    """flash_attn_varlen_func with a block_table: sequence b's keys are the first
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] (or seqused_k[b]) slots of its pages.  Returns (out, lse)."""
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist() if seqused_k is None else seqused_k.tolist()
+    keys = [k_pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lens_k)]
+    values = [v_pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lens_k)]
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32)
+    return attention_varlen_ref(q, torch.cat(keys), torch.cat(values), cu_seqlens_q, cu_k,
+                                alibi_slopes=alibi_slopes, **kwargs)
 
 
 # --------------------------------------------------------------------------- FP8 emulation

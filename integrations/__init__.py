@@ -2,8 +2,9 @@
 
 * :func:`register` adds the attention implementation ``"fa_amd"`` to
   Transformers (``import fa_amd`` calls it when Transformers is installed).
-* :func:`apply_fa_amd_to_llama` / :func:`apply_fa_amd_to_mistral` patch
-  models Liger-style: fused rotary + fa_amd attention.
+* ``apply_fa_amd_to_<family>`` (llama, mistral, qwen2, qwen3, gemma2, gemma3,
+  phi3, gpt_oss) patch models Liger-style: fused rotary + fa_amd attention;
+  :func:`apply_fa_amd` picks the family from ``config.model_type``.
 * :func:`route_flash_attention_2` makes code that hard-codes
   ``attn_implementation="flash_attention_2"`` or ``import flash_attn`` run on
   fa_amd on machines without flash-attn.
@@ -67,9 +68,14 @@ def register() -> None:
     _registered = True
 
 
+_PATCHES = ("apply_fa_amd", "apply_fa_amd_to_llama", "apply_fa_amd_to_mistral", "apply_fa_amd_to_qwen2",
+            "apply_fa_amd_to_qwen3", "apply_fa_amd_to_gemma2", "apply_fa_amd_to_gemma3", "apply_fa_amd_to_phi3",
+            "apply_fa_amd_to_gpt_oss")
+
+
 def __getattr__(name):
     # Lazy re-exports keep `import fa_amd` free of transformers/peft imports.
-    if name in ("apply_fa_amd_to_llama", "apply_fa_amd_to_mistral", "apply_fa_amd"):
+    if name in _PATCHES:
         from . import monkey_patch
 
         return getattr(monkey_patch, name)
@@ -87,9 +93,7 @@ def __getattr__(name):
 __all__ = [
     "ATTENTION_NAME",
     "register",
-    "apply_fa_amd",
-    "apply_fa_amd_to_llama",
-    "apply_fa_amd_to_mistral",
+    *_PATCHES,
     "route_flash_attention_2",
     "install_flash_attn_shim",
     "fa_amd_attention_forward",

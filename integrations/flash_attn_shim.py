@@ -21,6 +21,7 @@ does two things:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -78,87 +79,10 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
 # --------------------------------------------------------------------------- kv-cache attention
 
 
-def flash_attn_with_kvcache(
-    q,
-    k_cache,
-    v_cache,
-    k=None,
-    v=None,
-    rotary_cos=None,
-    rotary_sin=None,
-    cache_seqlens=None,
-    cache_batch_idx=None,
-    cache_leftpad=None,
-    block_table=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    rotary_interleaved=True,
-    alibi_slopes=None,
-    num_splits=0,
-    return_softmax_lse=False,
-):
-    """flash-attn's decode entry point over a contiguous (non-paged) KV cache.
-
-    Appends k/v (if given) into k_cache/v_cache in place at ``cache_seqlens``,
-    then attends q to the filled part of each row (causal is bottom-right).
-    Paged caches, rotary fusion, cache_batch_idx/leftpad and returning the LSE
-    are not supported and raise.
-    """
-    from fa_amd import flash_attn_varlen_func
-
-    for name, value in (
-        ("rotary_cos", rotary_cos),
-        ("rotary_sin", rotary_sin),
-        ("cache_batch_idx", cache_batch_idx),
-        ("cache_leftpad", cache_leftpad),
-        ("block_table", block_table),
-    ):
-        if value is not None:
-            raise ValueError(f"fa_amd's flash_attn_with_kvcache does not support {name}")
-    if return_softmax_lse:
-        raise ValueError("fa_amd's flash_attn_with_kvcache does not support return_softmax_lse=True")
-    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
-        raise ValueError("q, k_cache and v_cache must be 4D (batch, seq, heads, head_dim)")
-    batch, seqlen_q = q.shape[:2]
-    cache_len = k_cache.shape[1]
-    if cache_seqlens is None:
-        filled = torch.full((batch,), 0 if k is not None else cache_len, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        filled = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        filled = cache_seqlens.to(device=q.device, dtype=torch.int32).reshape(batch)
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together")
-    if k is not None:
-        new = k.shape[1]
-        if int((filled + new).max()) > cache_len:
-            raise ValueError(f"appending {new} tokens overflows the KV cache of length {cache_len}")
-        rows = torch.arange(batch, device=q.device)[:, None]
-        cols = filled[:, None].long() + torch.arange(new, device=q.device)[None, :]
-        k_cache[rows, cols] = k.to(k_cache.dtype)
-        v_cache[rows, cols] = v.to(v_cache.dtype)
-        filled = filled + new
-    keep = torch.arange(cache_len, device=q.device)[None, :] < filled[:, None]
-    indices = torch.nonzero(keep.flatten(), as_tuple=False).flatten()
-    cu_k = torch.nn.functional.pad(torch.cumsum(filled, 0, dtype=torch.int32), (1, 0))
-    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
-    out = flash_attn_varlen_func(
-        q.reshape(batch * seqlen_q, *q.shape[2:]),
-        k_cache.reshape(-1, *k_cache.shape[2:])[indices],
-        v_cache.reshape(-1, *v_cache.shape[2:])[indices],
-        cu_q,
-        cu_k,
-        seqlen_q,
-        int(filled.max()),
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
-    return out.view(batch, seqlen_q, *out.shape[1:])
+# The real decode entry point (split-KV kernel, paged block_table, append + rotary in place): the
+# shim package serves fa_amd's own function, whose full flash-attn signature Transformers inspects to
+# decide which kwargs (block_table, cache_seqlens, softcap, ...) it may pass.
+from fa_amd.kvcache import flash_attn_with_kvcache  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the shim package
@@ -194,19 +118,38 @@ def _build_modules() -> dict:
             setattr(module, key, value)
         return module
 
+    from . import flash_attn_compat as compat
+
     padding = dict(
         pad_input=pad_input,
         unpad_input=unpad_input,
         index_first_axis=index_first_axis,
         index_put_first_axis=index_put_first_axis,
+        unpad_input_for_concatenated_sequences=compat.unpad_input_for_concatenated_sequences,
     )
-    modules = {
-        "flash_attn": make("flash_attn", True, dict(api, __version__=SHIM_FLASH_ATTN_VERSION)),
-        "flash_attn.flash_attn_interface": make("flash_attn.flash_attn_interface", False, api),
-        "flash_attn.bert_padding": make("flash_attn.bert_padding", False, padding),
+    # name -> (is a package, attributes); every parent package is listed before its children
+    layout = {
+        "flash_attn": (True, dict(api, __version__=SHIM_FLASH_ATTN_VERSION)),
+        "flash_attn.flash_attn_interface": (False, dict(api, **compat.PRIVATE_INTERFACE)),
+        "flash_attn.bert_padding": (False, padding),
+        "flash_attn.layers": (True, {}),
+        "flash_attn.layers.rotary": (False, compat.ROTARY_LAYERS),
+        "flash_attn.ops": (True, {}),
+        "flash_attn.ops.activations": (False, compat.ACTIVATIONS),
+        "flash_attn.ops.layer_norm": (False, compat.LEGACY_LAYER_NORM),
+        "flash_attn.ops.rms_norm": (False, compat.LEGACY_RMS_NORM),
+        "flash_attn.ops.triton": (True, {}),
+        "flash_attn.ops.triton.rotary": (False, compat.TRITON_ROTARY),
+        "flash_attn.ops.triton.layer_norm": (False, compat.TRITON_LAYER_NORM),
+        "flash_attn.ops.triton.cross_entropy": (False, compat.TRITON_CROSS_ENTROPY),
+        "flash_attn.losses": (True, {}),
+        "flash_attn.losses.cross_entropy": (False, compat.LOSSES_CROSS_ENTROPY),
     }
-    modules["flash_attn"].flash_attn_interface = modules["flash_attn.flash_attn_interface"]
-    modules["flash_attn"].bert_padding = modules["flash_attn.bert_padding"]
+    modules = {name: make(name, is_package, attrs) for name, (is_package, attrs) in layout.items()}
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
     return modules
 
 
@@ -272,7 +215,11 @@ def _real_flash_attn_present() -> bool:
 
 
 def install_flash_attn_shim() -> bool:
-    """Make ``import flash_attn`` resolve to fa_amd.  Returns False if a real flash-attn is installed."""
+    """Make ``import flash_attn`` resolve to fa_amd.  Returns False if a real flash-attn is installed.
+
+    Also makes Transformers' ``is_flash_attn_2_available()`` answer True wherever fa_amd runs (a
+    GPU, or the Triton interpreter), now or when Transformers is imported later.
+    """
     if _real_flash_attn_present():
         return False
     if not _FINDER.modules:
@@ -282,6 +229,9 @@ def install_flash_attn_shim() -> bool:
     sys.modules.update(_FINDER.modules)
     importlib.invalidate_caches()
     _clear_transformers_availability_caches()
+    from fa_amd.import_hooks import when_imported
+
+    when_imported(("transformers.utils.import_utils",), _patch_fa2_availability)
     return True
 
 
@@ -293,7 +243,46 @@ def uninstall_flash_attn_shim() -> None:
     _FINDER.modules.clear()
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
+    _restore_fa2_availability()
     _clear_transformers_availability_caches()
+
+
+# (module, attribute) -> the original is_flash_attn_2_available that our wrapper replaced there
+_availability_originals: dict = {}
+
+
+def _patch_fa2_availability() -> None:
+    """Wrap Transformers' is_flash_attn_2_available so the stand-in counts wherever fa_amd runs.
+
+    Transformers asks for CUDA (or MLU/MUSA) besides the package, so on ROCm-less CPUs running the
+    interpreter the stand-in would never count.  Every loaded Transformers module that imported the
+    function gets the wrapper; modules imported later pick it up from import_utils.
+    """
+    if not _FINDER.modules:
+        return
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_flash_attn_2_available", None)
+    if original is None or getattr(original, "_fa_amd_wrapper", False):
+        return
+
+    @functools.wraps(original)
+    def is_flash_attn_2_available(*args, **kwargs):
+        return (bool(_FINDER.modules) and _fa_amd_usable()) or original(*args, **kwargs)
+
+    is_flash_attn_2_available._fa_amd_wrapper = True
+    is_flash_attn_2_available._dynamo_marked_constant = True  # as Transformers marks the original
+    for name, module in list(sys.modules.items()):
+        if (name == "transformers" or name.startswith("transformers.")) and module is not None \
+                and module.__dict__.get("is_flash_attn_2_available") is original:
+            _availability_originals[(module, "is_flash_attn_2_available")] = original
+            setattr(module, "is_flash_attn_2_available", is_flash_attn_2_available)
+
+
+def _restore_fa2_availability() -> None:
+    for (module, attr), original in _availability_originals.items():
+        if getattr(getattr(module, attr, None), "_fa_amd_wrapper", False):
+            setattr(module, attr, original)
+    _availability_originals.clear()
 
 
 def _clear_transformers_availability_caches() -> None:

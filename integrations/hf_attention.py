@@ -11,7 +11,11 @@ backend:
 * 2D padding mask (left or right)  -> unpad, ``flash_attn_varlen_func``, pad back
 * ``cu_seq_lens_q/k`` kwargs       -> packed (padding-free) varlen
 * batch-1 ``position_ids`` resets  -> packed varlen, boundaries from the resets
-* KV-cache decode (sq < sk)        -> causal is bottom-right aligned in fa_amd
+* KV-cache decode (a cache holds earlier tokens, at most DECODE_MAX_QUERY_LEN new ones, no grad)
+                                   -> the split-KV decode kernel over the cache (fa_amd.kvcache), with
+                                      the padding mask's bounds (and holes) computed on the device
+* continuous batching (a ``PagedAttentionCache`` in ``cache``) -> the cache's update, then
+  ``flash_attn_with_kvcache`` with its block table (decode) or varlen over the gathered keys
 
 The mask side (``fa_amd_attention_mask``) hands the attention a 2D padding mask
 or ``None``; it never builds an O(s^2) 4D mask.
@@ -52,17 +56,21 @@ HARMLESS_KWARGS = frozenset(
 # any of them with a non-None value raises instead of silently computing
 # something else.
 UNSUPPORTED_KWARGS = {
-    "s_aux": "learnable attention sinks (s_aux)",
-    "sinks": "learnable attention sinks (sinks)",
     "position_bias": "an additive position bias",
     "head_mask": "a per-head mask",
     "indices": "sparse attention indices",
     "block_indices": "block-sparse attention indices",
-    "block_table": "a paged KV cache (block_table)",
-    "k_cache": "a paged KV cache (k_cache)",
-    "v_cache": "a paged KV cache (v_cache)",
-    "cache": "a paged KV cache (continuous batching)",
+    "block_table": "a paged KV cache (block_table) without its PagedAttentionCache (`cache`)",
+    "k_cache": "a paged KV cache (k_cache) without its PagedAttentionCache (`cache`)",
+    "v_cache": "a paged KV cache (v_cache) without its PagedAttentionCache (`cache`)",
 }
+
+# A forward with at most this many new tokens on top of a KV cache runs the split-KV decode kernel
+# (its rows are (token, head-of-group) pairs; longer chunks are prefill work for the forward kernel).
+DECODE_MAX_QUERY_LEN = 16
+# Keyword arguments continuous batching threads through the model next to its `cache`; the cache's
+# update reads (and rewrites) them.
+_PAGED_BOOKKEEPING = ("read_index", "write_index", "logits_indices", "logits_processor_args")
 
 _warned = set()
 
@@ -163,28 +171,89 @@ def _as_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> torch.T
         cu = torch.as_tensor(cu)
     if cu.ndim != 1 or cu.numel() < 2:
         raise ValueError(f"{name} must be a 1D tensor of batch + 1 offsets, got shape {tuple(cu.shape)}")
+    if cu.is_floating_point() or cu.is_complex() or cu.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer offsets, got {cu.dtype}")
     return cu.to(device=device, dtype=torch.int32)
 
 
-def _unpad_from_mask(mask: torch.Tensor):
-    """2D keep-mask (b, s) -> (flat indices of kept tokens, cu_seqlens int32, max_seqlen int)."""
-    seqlens = mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    max_seqlen = int(seqlens.max().item())
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    return indices, cu_seqlens, max_seqlen
+def _packed_bounds(name: str, cu, max_name: str, max_length, tokens: int, query: torch.Tensor):
+    """(cu_seqlens int32, max_seqlen int) from packed-sequence kwargs, checked under the names the
+    caller used (cu_seq_lens_q, max_length_q): starts at 0, non-decreasing, at most `tokens`, no
+    segment longer than max_length.  Tokens past the last boundary belong to no sequence (static
+    buffers): their attention output is 0, as in fa_amd's varlen functions."""
+    from fa_amd.interface import check_cu_seqlens
+
+    cu = _as_cu_seqlens(cu, name, query.device)
+    max_seqlen = _as_int(max_length, max_name)
+    return check_cu_seqlens(name, cu, tokens, max_seqlen, max_name, query), max_seqlen
 
 
-def _gather_tokens(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    # (b, s, h, d) -> (nnz, h, d); plain indexing keeps autograd.
-    return x.reshape(-1, *x.shape[2:])[indices]
+def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
+                       query_length: Optional[int] = None) -> None:
+    """A 2D padding mask must be (batch, key length); for causal self-attention (query_length
+    given) the key length covers at least the query tokens (more with a cache: past + new
+    tokens).  Anything else raises, naming attention_mask: a wrong-batch or too-short mask must
+    never be cropped, broadcast or dropped silently."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
+        return
+    if attention_mask.shape[0] != batch_size:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the input has batch size {batch_size}; "
+            f"a 2D attention_mask must be (batch, key length)")
+    if query_length is not None and attention_mask.shape[1] < query_length:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[1]} key positions for "
+            f"{query_length} input tokens; a 2D attention_mask must be (batch, key length), the key length "
+            f"covering every input token (plus the cached ones)")
 
 
-def _scatter_tokens(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    # (nnz, h, d) -> (b, s, h, d) with zeros on padded slots.
-    out = x.new_zeros(batch * seqlen, *x.shape[1:])
-    out[indices] = x
-    return out.view(batch, seqlen, *x.shape[1:])
+def _segments(mask: torch.Tensor):
+    """How a padded (b, L) batch becomes varlen segments, with no device->host sync.
+
+    Each row becomes two segments: its kept tokens (in order), then its padded ones.  Every
+    token belongs to a segment, so the kernels write every output row and padded rows get
+    exactly zero gradients (their outputs are zeroed, so their dout is 0); shapes never depend
+    on the data (max_seqlen is L), which is what torch.compile and CUDA graphs need.
+    Returns (rows, cols) gather indices in packed order, the inverse permutation, cu_seqlens
+    int32 (2b + 1,) and the keep-mask.
+    """
+    batch, length = mask.shape
+    flat = mask.reshape(-1)
+    row = torch.arange(batch, device=mask.device).repeat_interleave(length)
+    # sort key: row, then kept before padded; stable, so positions keep their order
+    order = torch.argsort(row * 2 + (~flat).to(row.dtype), stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=mask.device))
+    kept = mask.sum(-1, dtype=torch.int32)
+    lengths = torch.stack([kept, length - kept], dim=-1).reshape(-1)
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    # a copy: memo_per_tensor's entry must not keep its key (the caller's mask) alive
+    return order // length, order % length, inverse, cu_seqlens, mask.clone()
+
+
+def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
+    """The keep-mask of the queries when they are fewer than the keys (decode, chunked prefill).
+
+    The queries are the newest tokens: the query_length columns ending at each row's last kept
+    key (the cache's end, or the newest filled slot of a static cache whose unfilled tail the
+    mask marks as padding).
+    """
+    length = mask.shape[1]
+    last = length - 1 - torch.argmax(mask.flip(-1).to(torch.uint8), dim=-1)
+    cols = last[:, None] - (query_length - 1) + torch.arange(query_length, device=mask.device)[None, :]
+    return mask.gather(1, cols.clamp(min=0)) & (cols >= 0)
+
+
+def _pack(x: torch.Tensor, segments) -> torch.Tensor:
+    # (b, L, h, d) with any strides -> (b * L, h, d) in segment order: one gather, autograd-aware
+    rows, cols = segments[:2]
+    return x[rows, cols]
+
+
+def _unpack(out: torch.Tensor, segments, batch: int, length: int) -> torch.Tensor:
+    # (b * L, h, d) in segment order -> (b, L, h, d), zeros on padded slots (as flash-attn's pad_input)
+    inverse, keep = segments[2], segments[4]
+    out = out[inverse].view(batch, length, *out.shape[1:])
+    return torch.where(keep.view(batch, length, 1, 1), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
@@ -195,7 +264,9 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
     Returns (cu_seqlens int32, max_seqlen python int).
     """
     flat = position_ids.reshape(-1)
-    starts = (flat == flat.min()).nonzero().view(-1).to(torch.int32)
+    is_start = flat == flat.min()
+    is_start[0] = True  # a row that opens mid-sequence (positions 3, 4, 0, 1, ...) still starts a segment
+    starts = is_start.nonzero().view(-1).to(torch.int32)
     cu_seqlens = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
     max_seqlen = int(cu_seqlens.diff().max().item())
     return cu_seqlens, max_seqlen
@@ -234,7 +305,17 @@ def fa_amd_attention_forward(
     deterministic: Optional[bool] = None,
     **kwargs,
 ):
-    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None)."""
+    """Attention for Transformers models: q (b, hq, sq, d), k/v (b, hk, sk, d) -> ((b, sq, hq, d), None).
+
+    Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
+    """
+    # to the kernels under the caller's name (the errors then name it too)
+    sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
+    cache = kwargs.pop("cache", None)
+    if cache is not None:  # continuous batching: a paged cache the attention updates itself
+        return _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window,
+                                      softcap, is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
+                                      kwargs, sink_kwargs)
     _check_kwargs(kwargs)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
@@ -280,28 +361,45 @@ def fa_amd_attention_forward(
         softcap=0.0 if softcap is None else float(softcap),
         deterministic=bool(deterministic) if deterministic is not None else False,
     )
+    common.update(sink_kwargs)
 
-    if attention_mask is not None:
+    if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k):
+        out = _decode_attention(query, key, value, attention_mask, common)
+    elif attention_mask is not None:
         out = _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common)
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
         if any(x is None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
             raise ValueError(
                 "packed sequences need all of cu_seq_lens_q, cu_seq_lens_k, max_length_q and max_length_k"
             )
-        cu_q = _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device)
-        cu_k = cu_q if cu_seq_lens_k is cu_seq_lens_q else _as_cu_seqlens(cu_seq_lens_k, "cu_seq_lens_k", query.device)
+        # checked here under the kwargs' own names (the varlen call would say cu_seqlens_q)
+        cu_q, max_q = _packed_bounds("cu_seq_lens_q", cu_seq_lens_q, "max_length_q", max_length_q,
+                                     batch_size * query_length, query)
+        if cu_seq_lens_k is cu_seq_lens_q:
+            cu_k = cu_q
+            max_k = _as_int(max_length_k, "max_length_k")
+        else:
+            cu_k, max_k = _packed_bounds("cu_seq_lens_k", cu_seq_lens_k, "max_length_k", max_length_k,
+                                         key.shape[0] * key.shape[1], query)
+        if cu_q.shape != cu_k.shape:
+            raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k must have the same length (sequences + 1), got "
+                             f"{cu_q.numel()} and {cu_k.numel()}")
         out = flash_attn_varlen_func(
             query.reshape(-1, *query.shape[2:]),
             key.reshape(-1, *key.shape[2:]),
             value.reshape(-1, *value.shape[2:]),
             cu_q,
             cu_k,
-            _as_int(max_length_q, "max_length_q"),
-            _as_int(max_length_k, "max_length_k"),
+            max_q,
+            max_k,
             **common,
         )
         out = out.view(batch_size, -1, *out.shape[-2:])
     elif _is_packed(position_ids, batch_size):
+        if position_ids.numel() != query_length:
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
+                "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
         # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
         cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
         out = flash_attn_varlen_func(
@@ -325,52 +423,157 @@ def fa_amd_attention_forward(
     return out, None
 
 
+def _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k) -> bool:
+    """A KV cache holds earlier tokens (more keys than queries), the new tokens are few, and nothing
+    needs a backward (the decode kernel is forward-only): (b, s, h, d) layout."""
+    if cu_seq_lens_q is not None or cu_seq_lens_k is not None or dropout_p > 0.0:
+        return False
+    if query.shape[1] > DECODE_MAX_QUERY_LEN or key.shape[1] <= query.shape[1]:
+        return False
+    return not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
+
+
+def _decode_bounds(mask: torch.Tensor):
+    """(first kept key, last kept key + 1, per-key mask or None) per row of a 2D padding mask, on the
+    device (no sync).  The kernel attends keys [first, end); the per-key mask also drops holes, which a
+    left-padded generate() mask never has but a hand-made one may; masks the "fa_amd" mask function
+    built itself (a static cache's filled prefix) are hole-free and need none."""
+    keep = mask.to(torch.bool)
+    length = keep.shape[1]
+    index = torch.arange(1, length + 1, device=keep.device, dtype=torch.int32)
+    end = (keep * index).amax(-1).to(torch.int32)
+    start = torch.minimum(torch.where(keep, index - 1, length).amin(-1).to(torch.int32), end)
+    hole_free = memo_per_tensor(mask, _FILL_MASK, lambda _: False)
+    return start, end, None if hole_free else keep.view(torch.uint8)
+
+
+# memo tag of the masks fa_amd_attention_mask builds for a static cache (a filled prefix, no holes)
+_FILL_MASK = "fa_amd_fill_mask"
+
+
+def _decode_attention(query, key, value, attention_mask, common):
+    """The new tokens' attention over the cache (flash layout), by the split-KV decode kernel."""
+    from fa_amd.kvcache import decode_attention
+
+    start = end = key_mask = None
+    if attention_mask is not None:
+        if attention_mask.shape[0] != query.shape[0]:
+            raise ValueError(f"attention_mask batch {attention_mask.shape[0]} does not match the query batch "
+                             f"{query.shape[0]}")
+        length = attention_mask.shape[1]
+        if key.shape[1] > length:  # a static cache hands over its whole buffer
+            key, value = key[:, :length], value[:, :length]
+        elif key.shape[1] < length:
+            raise ValueError(f"attention_mask covers {length} keys but only {key.shape[1]} were given")
+        # every layer gets the same mask object: its bounds are computed once per forward
+        start, end, key_mask = memo_per_tensor(attention_mask, ("decode_bounds", str(query.device)), _decode_bounds)
+    if key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel reads head dims contiguously
+        key, value = key.contiguous(), value.contiguous()
+    left, right = common["window_size"]
+    if common["causal"]:
+        right = 0
+    scale = common["softmax_scale"]
+    sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
+    out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
+                              right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
+                              sinks=sinks)
+    return out
+
+
+def _sinks(sinks, s_aux, query):
+    """Learnable sinks (gpt-oss's s_aux) as the kernels take them: fp32 (heads,), checked; or None."""
+    if sinks is None and s_aux is None:
+        return None
+    from fa_amd.interface import _check_sinks
+
+    return _check_sinks(sinks, s_aux, query, query.shape[-2])
+
+
+def _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window, softcap,
+                           is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, kwargs, sink_kwargs):
+    """Continuous batching (``generate_batch``, ``transformers serve``): the PagedAttentionCache writes
+    the new keys/values (or, on a decode-only batch with a block table, hands over its pages), then
+    fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys."""
+    from transformers.generation.continuous_batching import PagedAttentionCache
+
+    if not isinstance(cache, PagedAttentionCache):
+        raise ValueError(f"fa_amd attention got `cache` of type {type(cache).__name__}; only Transformers' "
+                         "PagedAttentionCache (continuous batching) is understood there")
+    state = {name: kwargs.pop(name) for name in _PAGED_BOOKKEEPING + ("block_table",) if name in kwargs}
+    _check_kwargs(kwargs)
+    if attention_mask is not None:
+        raise ValueError("continuous batching with fa_amd runs unmasked varlen attention; got an attention_mask "
+                         "(is the model registered as a flash implementation?)")
+    if cu_seq_lens_q is None or cu_seq_lens_k is None or max_length_q is None or max_length_k is None:
+        raise ValueError("a PagedAttentionCache needs cu_seq_lens_q/k and max_length_q/k")
+    state.update(cu_seq_lens_k=cu_seq_lens_k, max_length_k=max_length_k)
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=state)
+    cu_k, max_k = state["cu_seq_lens_k"], _as_int(state["max_length_k"], "max_length_k")
+    hq, d = query.shape[1], query.shape[-1]
+    # flash layout of the packed batch: (tokens, heads, d)
+    query, key, value = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    target_dtype = _target_dtype(query, module)
+    if target_dtype is not None:
+        query = query.to(target_dtype)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    left, right = sliding_window_to_window_size(sliding_window, causal, max_k)
+    if causal:
+        right = 0
+    scale = d ** -0.5 if scaling is None else float(scaling)
+    softcap = 0.0 if softcap is None else float(softcap)
+    if state.get("block_table") is not None:
+        # decode-only batch: one new token per sequence, appended into its pages by the kernel
+        from fa_amd.kvcache import append_and_attend
+
+        n = query.shape[0]
+        cache_seqlens = (cu_k[1:n + 1] - cu_k[:n] - 1).to(torch.int32)
+        out = append_and_attend(query[:, None], state["k_cache"], state["v_cache"], key[:, None].to(query.dtype),
+                                value[:, None].to(query.dtype), scale, left, right, softcap, cache_seqlens,
+                                state["block_table"],
+                                _sinks(sink_kwargs.get("sinks"), sink_kwargs.get("s_aux"), query))
+    else:
+        _, flash_attn_varlen_func = _kernels()
+        out = flash_attn_varlen_func(query, key.to(query.dtype), value.to(query.dtype),
+                                     _as_cu_seqlens(cu_seq_lens_q, "cu_seq_lens_q", query.device),
+                                     _as_cu_seqlens(cu_k, "cu_seq_lens_k", query.device),
+                                     _as_int(max_length_q, "max_length_q"), max_k, softmax_scale=scale, causal=causal,
+                                     window_size=(left, right), softcap=softcap, **sink_kwargs)
+    return out.reshape(1, -1, hq, d), None
+
+
 def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common):
+    """Attention of a padded batch: varlen over per-row kept / padded segments (see ``_segments``)."""
     batch_size, query_length = query.shape[:2]
+    # self-attention: the queries are the last query_length mask columns (below)
+    check_padding_mask(attention_mask, batch_size, query_length if common["causal"] else None)
     mask = attention_mask.to(device=query.device, dtype=torch.bool)
-    if mask.shape[0] != batch_size:
-        raise ValueError(f"attention_mask batch {mask.shape[0]} does not match the query batch {batch_size}")
-    # A static cache hands over its whole buffer: the mask says how much of it is filled.
+    # A cache buffer longer than the mask (another mask builder's static-cache mask): its tail is unused.
     if key.shape[1] > mask.shape[1]:
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
     elif key.shape[1] < mask.shape[1]:
         raise ValueError(f"attention_mask covers {mask.shape[1]} keys but only {key.shape[1]} were given")
-    # every layer gets the same mask object: unpad (a device->host sync) once per forward
-    indices_k, cu_seqlens_k, max_seqlen_k = memo_per_tensor(
-        attention_mask, ("unpad", str(query.device)), lambda _: _unpad_from_mask(mask))
-    key_unpadded = _gather_tokens(key, indices_k)
-    value_unpadded = _gather_tokens(value, indices_k)
-
-    if query_length == key.shape[1]:
-        indices_q, cu_seqlens_q, max_seqlen_q = indices_k, cu_seqlens_k, max_seqlen_k
-        query_unpadded = _gather_tokens(query, indices_q)
-    elif query_length == 1:
-        # decode: one query token per row, every row present
-        cu_seqlens_q = torch.arange(batch_size + 1, dtype=torch.int32, device=query.device)
-        indices_q = cu_seqlens_q[:-1].long()
-        max_seqlen_q = 1
-        query_unpadded = query.reshape(batch_size, *query.shape[2:])
+    key_length = key.shape[1]
+    # every layer gets the same mask object: its segments are built once per forward
+    device = str(query.device)
+    seg_k = memo_per_tensor(attention_mask, ("segments", device), lambda _: _segments(mask))
+    if query_length == key_length:
+        seg_q = seg_k
     else:
-        # Chunked prefill on top of a cache: the new tokens are the last
-        # query_length mask columns (Transformers pads on the left for generation).
-        indices_q, cu_seqlens_q, max_seqlen_q = memo_per_tensor(
-            attention_mask, ("unpad_tail", query_length, str(query.device)),
-            lambda _: _unpad_from_mask(mask[:, -query_length:]))
-        query_unpadded = _gather_tokens(query, indices_q)
-
+        seg_q = memo_per_tensor(attention_mask, ("query_segments", query_length, device),
+                                lambda _: _segments(_query_columns(mask, query_length)))
     out = flash_attn_varlen_func(
-        query_unpadded,
-        key_unpadded,
-        value_unpadded,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
+        _pack(query, seg_q),
+        _pack(key, seg_k),
+        _pack(value, seg_k),
+        seg_q[3],
+        seg_k[3],
+        query_length,
+        key_length,
         **common,
     )
     if isinstance(out, tuple):
         out = out[0]
-    return _scatter_tokens(out, indices_q, batch_size, query_length)
+    return _unpack(out, seg_q, batch_size, query_length)
 
 
 def fa_amd_attention_mask(
@@ -383,35 +586,42 @@ def fa_amd_attention_mask(
     attention_mask: Optional[torch.Tensor] = None,
     **kwargs,
 ):
-    """Mask builder registered under "fa_amd": a 2D padding mask or None, never a 4D mask.
+    """Mask builder registered under "fa_amd": a 2D (batch, kv_length) keep-mask or None, never 4D.
 
-    Delegates to Transformers' own ``flash_attention_mask`` (slice the 2D mask to
-    the keys, drop it when nothing is padded).  One addition: with a static
-    cache and no padding mask, the keys are the whole preallocated buffer, so we
-    return an all-ones (batch, filled_length) mask that lets the attention crop
-    the empty tail (Transformers' flash backend gets that mask from generate()
-    because its name contains "flash"; ours does not).
+    Column ``j`` is the key slot at position ``kv_offset + j`` (how Transformers lays out caches,
+    sliding ones included).  A slot is kept when the padding mask keeps that position and, for
+    decoder self-attention, when it is filled (position < ``q_offset + q_length``): a static cache
+    hands over its whole buffer, and its unfilled tail is marked as padding, so shapes never
+    depend on how full it is.  None (the dense path) when nothing is masked; under
+    ``torch.compile`` that is decided from shapes only (no ``mask.all()``: no sync, no graph
+    break), so a compiled padded batch always gets its mask.
     """
-    from transformers.masking_utils import causal_mask_function, flash_attention_mask
-
-    # Only causal (decoder self-attention) masks can face a static cache; a
-    # bidirectional call with more keys than queries is cross-attention.
+    # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
+    # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
-    if attention_mask is None and building_causal and kv_length > q_length:
-        filled = q_offset + q_length
-        if isinstance(filled, torch.Tensor):
-            filled = int(filled.item())
-        if kv_offset + kv_length > filled:
-            device = kwargs.get("device", "cpu")
-            return torch.ones(batch_size, filled, dtype=torch.bool, device=device)
-        return None
-    return flash_attention_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function if mask_function is not None else causal_mask_function,
-        attention_mask=attention_mask,
-        **kwargs,
-    )
+    # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
+    check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
+    filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
+    if attention_mask is None:
+        if not building_causal:
+            return None
+        if not isinstance(filled, torch.Tensor) and kv_offset + kv_length <= filled:
+            return None  # every slot filled: the dense path
+    device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
+    if isinstance(filled, torch.Tensor):
+        device = filled.device if attention_mask is None else device
+        filled = filled.to(device)
+    position = kv_offset + torch.arange(kv_length, device=device)
+    if attention_mask is None:
+        keep = (position < filled).expand(batch_size, kv_length)
+    else:
+        covered = attention_mask.shape[-1]
+        keep = attention_mask[:, position.clamp(max=covered - 1)].to(torch.bool) & (position < covered)
+        if building_causal:
+            keep = keep & (position < filled)
+    if not torch.compiler.is_compiling() and bool(keep.all()):
+        return None  # eager: nothing masked after all, the dense kernel is cheaper
+    if attention_mask is None:
+        # a static cache's filled prefix: no holes, so the decode kernel needs only its bounds
+        memo_per_tensor(keep, _FILL_MASK, lambda _: True)
+    return keep

@@ -1,4 +1,7 @@
-"""Liger-style patching: fused Triton rotary + fa_amd attention for Llama / Mistral.
+"""Liger-style patching: fused Triton rotary + fa_amd attention, per model family.
+
+Families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3 and gpt-oss
+(``apply_fa_amd_to_<family>``); ``apply_fa_amd(model)`` picks by ``config.model_type``.
 
 Call before building a model (patches the modeling module, and makes "fa_amd"
 the attention of models created afterwards unless they ask for another one)::
@@ -58,10 +61,20 @@ def revert_fa_amd_patches() -> None:
 
 
 def _fused_apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """Same contract as Hugging Face's Llama/Mistral ``apply_rotary_pos_emb``, fused in Triton."""
+    """Same contract as Hugging Face's ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2/3, Gemma 2/3,
+    Phi-3), fused in Triton.  A ``cos`` narrower than the head dim (Phi-3's partial rotary) rotates
+    the leading features and passes the rest through, as Phi-3's own function does."""
     from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
 
     return hf_apply_rotary_pos_emb(q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim)
+
+
+def _fused_apply_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim=1):
+    """gpt-oss's ``apply_rotary_pos_emb``: its cos/sin hold head_dim / 2 frequencies (not duplicated
+    halves; yarn's attention factor already folded in) and rotate the two halves of each head."""
+    from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
+
+    return hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, half_tables=True)
 
 
 def _unwrap_model(model):
@@ -118,7 +131,8 @@ def _default_to_fa_amd(pretrained_cls) -> None:
     _set_patched(pretrained_cls, "_check_and_adjust_attn_implementation", _check_and_adjust_attn_implementation)
 
 
-def _apply(modeling_module_name: str, pretrained_cls_name: str, model, rope: bool, attention: bool):
+def _apply(modeling_module_name: str, pretrained_cls_name: str, model, rope: bool, attention: bool,
+           fused_rotary=_fused_apply_rotary_pos_emb):
     if not isinstance(rope, bool) or not isinstance(attention, bool):
         raise TypeError("rope and attention must be bools")
     register()
@@ -128,7 +142,7 @@ def _apply(modeling_module_name: str, pretrained_cls_name: str, model, rope: boo
     if rope:
         if not hasattr(modeling, "apply_rotary_pos_emb"):
             raise RuntimeError(f"{modeling_module_name} has no apply_rotary_pos_emb to patch")
-        _set_patched(modeling, "apply_rotary_pos_emb", _fused_apply_rotary_pos_emb)
+        _set_patched(modeling, "apply_rotary_pos_emb", fused_rotary)
 
     if model is None:
         if attention:
@@ -172,14 +186,87 @@ def apply_fa_amd_to_mistral(model: Optional[torch.nn.Module] = None, rope: bool 
     return _apply("transformers.models.mistral.modeling_mistral", "MistralPreTrainedModel", model, rope, attention)
 
 
+def apply_fa_amd_to_qwen2(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Qwen2 models (plain rotate-half RoPE; the sliding
+    window of ``use_sliding_window`` layers goes to the kernel).
+
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.qwen2.modeling_qwen2", "Qwen2PreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_qwen3(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Qwen3 models.
+
+    Qwen3 RMS-normalizes q and k per head (``q_norm``/``k_norm``) *before* the rotary, so the
+    fused kernel receives the normed tensors, as the original function does.
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.qwen3.modeling_qwen3", "Qwen3PreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_gemma2(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Gemma 2 models.
+
+    Gemma 2 scales scores by ``query_pre_attn_scalar ** -0.5`` (not head_dim), soft-caps them
+    (``attn_logit_softcapping``) and alternates sliding-window and global layers: all three reach
+    fa_amd's kernel as its scale, softcap and window.  The final-logit softcap stays in the model.
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.gemma2.modeling_gemma2", "Gemma2PreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_gemma3(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Gemma 3 models (text and multimodal).
+
+    Gemma 3 normalizes q/k before the rotary (like Qwen3), keeps Gemma 2's scalar scaling and
+    softcap option, and gives local (sliding) and global layers different rotary bases: each
+    layer's cos/sin arrive already chosen, so one fused kernel serves both.
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.gemma3.modeling_gemma3", "Gemma3PreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_phi3(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for Phi-3 models.
+
+    Phi-3 projects q, k and v with one fused ``qkv_proj``: q and k reach the rotary as strided
+    slices, which the kernel reads in place (no copy).  With ``partial_rotary_factor`` < 1 only
+    the leading features of each head rotate; LongRoPE scaling is already in cos/sin.
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.phi3.modeling_phi3", "Phi3PreTrainedModel", model, rope, attention)
+
+
+def apply_fa_amd_to_gpt_oss(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
+    """Fused rotary and/or fa_amd attention for gpt-oss models.
+
+    gpt-oss uses yarn rotary whose cos/sin hold head_dim / 2 frequencies (not duplicated halves)
+    with the yarn attention factor folded in; the fused kernel reads those tables as they are.
+    Its attention adds learnable sinks (``s_aux``), alternates sliding (128) and full layers and
+    runs on fa_amd where fa_amd's attention takes sinks.
+    Same arguments as :func:`apply_fa_amd_to_llama`.
+    """
+    return _apply("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssPreTrainedModel", model, rope, attention,
+                  fused_rotary=_fused_apply_rotary_pos_emb_half_tables)
+
+
 _FAMILIES = {
     "llama": apply_fa_amd_to_llama,
     "mistral": apply_fa_amd_to_mistral,
+    "qwen2": apply_fa_amd_to_qwen2,
+    "qwen3": apply_fa_amd_to_qwen3,
+    "gemma2": apply_fa_amd_to_gemma2,
+    "gemma3": apply_fa_amd_to_gemma3,
+    "gemma3_text": apply_fa_amd_to_gemma3,
+    "phi3": apply_fa_amd_to_phi3,
+    "gpt_oss": apply_fa_amd_to_gpt_oss,
 }
 
 
 def apply_fa_amd(model: torch.nn.Module, rope: bool = True, attention: bool = True):
-    """Pick the patch for ``model`` by its ``config.model_type`` (llama, mistral)."""
+    """Pick the patch for ``model`` by its ``config.model_type`` (llama, mistral, qwen2, qwen3, gemma2,
+    gemma3 / gemma3_text, phi3, gpt_oss)."""
     base_model = _unwrap_model(model)
     model_type = getattr(base_model.config, "model_type", None)
     if model_type not in _FAMILIES:

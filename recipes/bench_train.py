@@ -15,6 +15,17 @@ the largest loss gap to the reference implementation.
 
     python recipes/bench_train.py --compare-loss --steps 50
 
+SDPA runs twice over: ``sdpa`` with torch's own backend pick, and ``sdpa-flash`` /
+``sdpa-efficient`` / ``sdpa-cudnn`` / ``sdpa-math`` forced to one backend
+(torch.nn.attention.sdpa_kernel around every step).  Every sdpa cell names the
+backend that actually ran, read from the profiler's op names in one untimed step
+(the cuDNN one is what torch picks on Hopper), and each row shows its tokens/s
+relative to ``sdpa``.  The anchor step of issue 17 (8 layers, hidden 2048,
+16/4 heads, (2, 4096), bf16, fused AdamW):
+
+    python recipes/bench_train.py --data fixed --seq-lens 4096 --batch-tokens 8192 --modes padded \
+        --attn fa_amd sdpa sdpa-cudnn sdpa-flash sdpa-efficient --rounds 3
+
 Both print a table and write JSON (and a PNG for --compare-loss) to --output-dir.
 Tokens/s counts real tokens only: padding is work the padded mode wastes.
 Without a GPU it runs a tiny model through the Triton interpreter (a smoke
@@ -36,30 +47,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import finetune_common as common  # noqa: E402
 import finetune_data as data  # noqa: E402
+from finetune_options import MAX_SEED, OneLineArgumentParser, float_in, int_at_least  # noqa: E402
 
 BENCH_SHAPE = common.ModelShape(hidden_size=2048, intermediate_size=5632, num_layers=8, num_heads=16, num_kv_heads=4)
+# bench cells that run the sdpa model with SDPA forced to one backend (torch.nn.attention.SDPBackend names)
+SDPA_FORCED = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+               "sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-math": "MATH"}
+ATTN_CHOICES = tuple(common.ATTN_IMPLEMENTATIONS) + tuple(SDPA_FORCED)
+# the aten op SDPA dispatches to, per backend (what the profiler shows for the step)
+SDPA_OPS = {"_scaled_dot_product_flash_attention": "flash", "_scaled_dot_product_efficient_attention": "efficient",
+            "_scaled_dot_product_cudnn_attention": "cudnn", "_scaled_dot_product_attention_math": "math",
+            "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+            "_scaled_dot_product_fused_attention_overrideable": "overrideable"}
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="bench_train.py", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-loss", action="store_true",
                         help="compare loss curves of the implementations instead of measuring throughput")
-    parser.add_argument("--attn", nargs="+", choices=common.ATTN_IMPLEMENTATIONS, default=list(common.ATTN_IMPLEMENTATIONS))
+    parser.add_argument("--attn", nargs="+", choices=ATTN_CHOICES, default=None,
+                        help="implementations (sdpa-<backend>: sdpa forced to that backend); default: fa_amd sdpa "
+                             "eager, plus sdpa-flash sdpa-efficient sdpa-cudnn for throughput on an NVIDIA GPU")
     parser.add_argument("--modes", nargs="+", choices=("packed", "padded"), default=["packed", "padded"])
-    parser.add_argument("--seq-lens", nargs="+", type=int, default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
-    parser.add_argument("--batch-tokens", type=int, default=None,
+    parser.add_argument("--seq-lens", nargs="+", type=int_at_least(2), default=None, help="default: 2048 8192 (GPU), 64 (CPU)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=None,
                         help="token budget per step (default on GPU: 16384, 4096 for --compare-loss; raised to "
                              "the seq-len if smaller)")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=None,
                         help="timed steps (throughput, default 10) or trained steps (--compare-loss, default 50)")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    parser.add_argument("--warmup-steps", type=int_at_least(0), default=3, help="untimed steps first (compilation, autotuning)")
     parser.add_argument("--rounds", type=positive_int, default=1,
                         help="throughput: measure every implementation this many times, in alternating order "
                              "(a fresh model each time), and report the median round: the GPU's clock and "
@@ -73,17 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                         help="throughput: weights and optimizer in this dtype; --compare-loss: autocast dtype over "
                              "fp32 weights (default: bf16 on GPU, fp32 on CPU)")
-    parser.add_argument("--dropout", type=float, default=0.0, help="attention dropout (forced 0 for --compare-loss)")
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--reference", choices=common.ATTN_IMPLEMENTATIONS, default="sdpa",
+    parser.add_argument("--dropout", type=float_in(0.0, 1.0, high_open=True), default=0.0, help="attention dropout (forced 0 for --compare-loss)")
+    parser.add_argument("--lr", type=float_in(0.0, low_open=True), default=3e-4)
+    parser.add_argument("--reference", choices=ATTN_CHOICES, default="sdpa",
                         help="--compare-loss: implementation the gaps are measured against")
     parser.add_argument("--no-fused-rope", action="store_true", help="fa_amd without the fused rotary patch")
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument("--intermediate-size", type=int, default=None)
-    parser.add_argument("--num-layers", type=int, default=None)
-    parser.add_argument("--num-heads", type=int, default=None)
-    parser.add_argument("--num-kv-heads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden-size", type=positive_int, default=None)
+    parser.add_argument("--intermediate-size", type=positive_int, default=None)
+    parser.add_argument("--num-layers", type=positive_int, default=None)
+    parser.add_argument("--num-heads", type=positive_int, default=None)
+    parser.add_argument("--num-kv-heads", type=positive_int, default=None)
+    parser.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0)
     parser.add_argument("--output-dir", default="runs/bench_train")
     return parser
 
@@ -109,15 +136,46 @@ def resolve(args) -> Namespace:
         args.dtype = "fp32"
     if args.data is None:
         args.data = "corpus" if args.compare_loss else "synthetic"
+    if args.attn is None:
+        import torch
+
+        forced = ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn"] if gpu and torch.version.hip is None else []
+        args.attn = list(common.ATTN_IMPLEMENTATIONS) + ([] if args.compare_loss else forced)
     if args.compare_loss:
         args.dropout = 0.0
     return args
 
 
+def model_attn(attn: str) -> str:
+    """The model's attn_implementation for a bench cell (sdpa-<backend> cells run the sdpa model)."""
+    return "sdpa" if attn in SDPA_FORCED else attn
+
+
+def sdpa_backend_context(attn: str):
+    """sdpa_kernel(backend) for a forced sdpa cell, else a no-op context."""
+    import contextlib
+
+    if attn not in SDPA_FORCED:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_FORCED[attn]))
+
+
+def sdpa_backends_run(step) -> str:
+    """The SDPA backend(s) one call of `step` ran, from the aten ops the profiler records (CPU side)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    ran = {SDPA_OPS[name] for name in (e.key.removeprefix("aten::") for e in prof.key_averages()) if name in SDPA_OPS}
+    return "+".join(sorted(ran)) or "none seen"
+
+
 def model_args(args, attn: str, seq_len: int) -> Namespace:
     """The Namespace finetune_common.build_model reads, for one benchmark cell."""
     return Namespace(
-        model=None, model_type="llama", attn=attn, no_fused_rope=args.no_fused_rope, dropout=args.dropout,
+        model=None, model_type="llama", attn=model_attn(attn), no_fused_rope=args.no_fused_rope, dropout=args.dropout,
         sliding_window=None, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
         num_layers=args.num_layers, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
         seq_len=seq_len, lora=False, gradient_checkpointing=False, dtype="fp32",
@@ -238,7 +296,12 @@ def measure_throughput(args, device) -> list[dict]:
                     measure_cell(args, attn, cell, batches, seq_len, tokenizer, dtype, device, real_tokens)
                     rounds[attn].append(cell)
                     print(f"[bench] {format_row(cell)}", flush=True)
-            results += [_median_round(rounds[attn]) for attn in args.attn]
+            medians = [_median_round(rounds[attn]) for attn in args.attn]
+            sdpa = next((c for c in medians if c["attn"] == "sdpa" and c["status"] == "ok"), None)
+            for cell in medians:
+                if sdpa is not None and cell["status"] == "ok":
+                    cell["vs_sdpa"] = cell["tokens_per_s"] / sdpa["tokens_per_s"]
+            results += medians
     return results
 
 
@@ -250,15 +313,19 @@ def measure_cell(args, attn: str, cell: dict, batches, seq_len: int, tokenizer, 
     try:
         model, optimizer = build(args, attn, seq_len, tokenizer, dtype, device)
         device_batches = [to_device(b, device) for b in batches]
-        for batch in device_batches[: args.warmup_steps]:
-            train_step(model, optimizer, batch, None, device)
-        synchronize(device)
-        release(device)
-        started = time.perf_counter()
-        for batch in device_batches[args.warmup_steps:]:
-            loss = train_step(model, optimizer, batch, None, device)
-        synchronize(device)
-        seconds = time.perf_counter() - started
+        with sdpa_backend_context(attn):
+            for batch in device_batches[: args.warmup_steps]:
+                train_step(model, optimizer, batch, None, device)
+            if model_attn(attn) == "sdpa":  # one more untimed step, profiled: which backend ran
+                cell["backend"] = sdpa_backends_run(
+                    lambda: train_step(model, optimizer, device_batches[0], None, device))
+            synchronize(device)
+            release(device)
+            started = time.perf_counter()
+            for batch in device_batches[args.warmup_steps:]:
+                loss = train_step(model, optimizer, batch, None, device)
+            synchronize(device)
+            seconds = time.perf_counter() - started
         cell.update({
             "status": "ok",
             "tokens_per_s": real_tokens / seconds,
@@ -288,13 +355,16 @@ def _median_round(cells: list) -> dict:
 
 def format_row(cell) -> str:
     if cell["status"] != "ok":
-        return f"{cell['attn']:>7} {cell['mode']:>7} {cell['seq_len']:>7} {cell['status']}"
-    return (f"{cell['attn']:>7} {cell['mode']:>7} {cell['seq_len']:>7} {cell['tokens_per_s']:>12,.0f} "
-            f"{cell['step_ms']:>9.1f} {cell['peak_mem_gb']:>9.2f} {100 * cell['padding_fraction']:>6.1f}%")
+        return f"{cell['attn']:>14} {cell['mode']:>7} {cell['seq_len']:>7} {cell['status']}"
+    vs = f"{cell['vs_sdpa']:.3f}x" if "vs_sdpa" in cell else ""
+    return (f"{cell['attn']:>14} {cell['mode']:>7} {cell['seq_len']:>7} {cell['tokens_per_s']:>12,.0f} "
+            f"{cell['step_ms']:>9.1f} {cell['peak_mem_gb']:>9.2f} {100 * cell['padding_fraction']:>6.1f}% "
+            f"{vs:>8} {cell.get('backend', '-'):>10}")
 
 
 def print_throughput_table(results):
-    print(f"{'attn':>7} {'mode':>7} {'seq_len':>7} {'tokens/s':>12} {'step ms':>9} {'peak GB':>9} {'pad':>7}")
+    print(f"{'attn':>14} {'mode':>7} {'seq_len':>7} {'tokens/s':>12} {'step ms':>9} {'peak GB':>9} {'pad':>7} "
+          f"{'vs sdpa':>8} {'backend':>10}")
     for cell in results:
         print(format_row(cell))
 
@@ -315,8 +385,10 @@ def compare_losses(args, device) -> dict:
             try:
                 model, optimizer = build(args, attn, seq_len, tokenizer, torch.float32, device)
                 losses = []
-                for batch in batches:
-                    losses.append(float(train_step(model, optimizer, to_device(batch, device), autocast_dtype, device)))
+                with sdpa_backend_context(attn):
+                    for batch in batches:
+                        losses.append(float(train_step(model, optimizer, to_device(batch, device), autocast_dtype,
+                                                       device)))
                 curves[key] = losses
                 status[key] = "ok"
                 print(f"[bench] {key}: loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)

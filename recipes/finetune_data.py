@@ -60,6 +60,24 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def interpreter_tile_table(tile: int) -> Path:
+    """A folder holding an fa_amd tuned table for the interpreter ("cpu" family) with ``tile x tile`` blocks.
+
+    Point FA_AMD_CACHE_DIR at it before fa_amd is imported (see
+    finetune_common.prepare_triton_interpreter).
+    """
+    folder = cache_dir() / f"interpreter-tiles-{tile}"
+    folder.mkdir(parents=True, exist_ok=True)
+    launch = {"BLOCK_M": tile, "BLOCK_N": tile, "num_warps": 4, "num_stages": 1}
+    row = {"head_dim": 256, "fwd": dict(launch), "dkdv": dict(launch), "dq": dict(launch),
+           "tuned": "fa_amd recipes: one tile per sample on the Triton interpreter"}
+    text = json.dumps({"format": 1, "families": {"cpu": [row]}}, indent=1)
+    path = folder / "tuned_table.json"
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        _atomic_write_text(path, text)
+    return folder
+
+
 # --------------------------------------------------------------------------- corpus
 
 
@@ -143,31 +161,56 @@ def builtin_tokenizer(texts: Sequence[str], vocab_size: int):
 # --------------------------------------------------------------------------- datasets
 
 
+def read_utf8(path: Path) -> str:
+    """A data file's text; a file that is not UTF-8 is a DataError saying where."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}: not UTF-8 text (byte {err.start}, line {line}: {raw[err.start:err.start + 4]!r}); "
+            f"convert it, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
+def _record_error(where: str, record) -> DataError:
+    return DataError(f"{where}: expected a JSON object such as {{\"text\": \"...\"}}, got {type(record).__name__} "
+                     f"{json.dumps(record)[:60]}")
+
+
 def _read_json_records(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     stripped = text.lstrip()
-    if path.suffix == ".json" and stripped.startswith("["):
-        records = json.loads(text)
-    elif path.suffix == ".json" and stripped.startswith("{") and "\n{" not in stripped:
-        records = json.loads(text)
-        # {"data": [...]} layout, as `datasets` reads with field="data".
-        records = next((v for v in records.values() if isinstance(v, list)), [records])
-    else:
-        records = []
-        for line_number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{line_number}: not valid JSON lines ({err.msg})") from err
-    if not all(isinstance(r, dict) for r in records):
-        raise DataError(f"{path}: expected JSON objects (one record per object), got {type(records[0]).__name__}")
+    if path.suffix == ".json" and (stripped.startswith("[") or (stripped.startswith("{") and "\n{" not in stripped)):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if isinstance(records, dict):
+            # {"data": [...]} layout, as `datasets` reads with field="data".
+            records = next((v for v in records.values() if isinstance(v, list)), [records])
+        for index, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise _record_error(f"{path}: record {index}", record)
+        return records
+    records = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{line_number}: not valid JSON lines ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise _record_error(f"{path}:{line_number}", record)
+        records.append(record)
     return records
 
 
 def _read_text_documents(path: Path) -> list[str]:
     # Blank lines separate documents, so a paragraph stays one training sample.
-    blocks = path.read_text(encoding="utf-8").split("\n\n")
+    blocks = read_utf8(path).split("\n\n")
     return [b.strip() for b in blocks if b.strip()]
 
 
@@ -194,7 +237,7 @@ def _load_with_datasets(spec: str, text_column: str, split: str, config_name: st
         import datasets
     except ImportError as err:
         raise DataError(
-            f"--dataset {spec!r} needs the `datasets` package (pip install datasets, or fa-amd[data]); "
+            f"--dataset {spec!r} needs the `datasets` package (pip install -e \".[hf]\", or pip install datasets); "
             f"local .txt/.md/.json/.jsonl files are read without it."
         ) from err
     path = Path(spec)
@@ -204,13 +247,19 @@ def _load_with_datasets(spec: str, text_column: str, split: str, config_name: st
         builder = {"jsonl": "json", "txt": "text", "md": "text", "parquet": "parquet", "csv": "csv", "json": "json"}
         if suffix not in builder:
             raise DataError(f"{spec}: unsupported file type {suffix!r}")
-        dataset = datasets.load_dataset(builder[suffix], data_files=files, split=split)
+        try:
+            dataset = datasets.load_dataset(builder[suffix], data_files=files, split=split)
+        except Exception as err:  # a broken or mislabelled file, a missing split
+            raise DataError(f"{spec}: could not read it as {suffix} with `datasets`: "
+                            f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+                            ) from None
     else:
         try:
             dataset = datasets.load_dataset(spec, config_name, split=split)
         except Exception as err:  # not found, offline, bad config/split: all need the user to act
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise DataError(f"could not load dataset {spec!r} (config {config_name!r}, split {split!r}): "
-                            f"{type(err).__name__}: {err}") from err
+                            f"{type(err).__name__}: {first}") from None
     if text_column not in dataset.column_names:
         raise DataError(
             f"{spec}: no text column {text_column!r}; its columns are: {', '.join(dataset.column_names)}. "

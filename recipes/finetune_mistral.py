@@ -14,7 +14,11 @@ import sys
 # sibling modules importable whatever the working directory is.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from finetune_common import main  # noqa: E402
+from finetune_options import check_options_early  # noqa: E402
 
 if __name__ == "__main__":
+    # --help and bad options answer at once, before torch and transformers are imported.
+    check_options_early("mistral")
+    from finetune_common import main
+
     main(model_type="mistral")

@@ -39,6 +39,9 @@ def test_bench_smoke(tmp_path):
     # the plot sits next to the doc and is linked from it; the rows a rival wins are listed
     assert (tmp_path / "PERF.png").stat().st_size > 0 and "](PERF.png)" in doc
     assert "Where fa_amd trails" in doc
+    # the SDPA route row: an SDPA-calling model timed without and with fa_amd.sdpa_route()
+    route = [r for r in payload["results"] if r["kind"] == "sdpa_route" and r["method"] == "fa_amd route"]
+    assert len(route) == 2 and all(r["ms"] > 0 for r in route) and "fa_amd.sdpa_route()" in doc
     # --host-time: the CPU time to issue each forward+backward (no CUDA graph without a GPU)
     fb = [r for r in fa if r["mode"] == "fwd+bwd"]
     assert all(r["host_ms"] > 0 for r in fb) and "Host vs GPU time" in doc
@@ -150,8 +153,11 @@ def test_flop_counts():
     assert varlen.fwd_flops() == sum(4 * n * n * 16 * 128 for n in docs) / 2
     full = bench.shapes()
     dense_rows = [s for s in full if s.kind == "dense"]
-    assert all(s.batch * s.seqlen == bench.TOKENS and s.heads_q * s.head_dim == bench.HIDDEN for s in dense_rows)
-    assert {s.seqlen for s in dense_rows} == set(bench.SEQLENS) and {s.head_dim for s in dense_rows} == {64, 128, 256}
+    # (head dims between the table rows, d96 / d192, hold HIDDEN // d heads)
+    assert all(s.batch * s.seqlen == bench.TOKENS and s.heads_q == bench.HIDDEN // s.head_dim for s in dense_rows)
+    assert {s.seqlen for s in dense_rows} == set(bench.SEQLENS)
+    assert {s.head_dim for s in dense_rows} == {64, 96, 128, 192, 256}
+    assert {s.seqlen for s in dense_rows if s.head_dim in (96, 192)} == set(bench.BETWEEN_SEQLENS)
     assert any(s.kind == "gqa" for s in full)
     (v,) = [s for s in full if s.kind == "varlen"]
     assert sum(v.doc_lens) == bench.TOKENS and len(v.doc_lens) == 17 and min(v.doc_lens) >= 64
@@ -177,3 +183,46 @@ def test_host_time_columns_on_gpu():
     results = bench.bench_method("fa_amd", shape, torch.bfloat16, "cuda", False, host_time=True)
     fb = next(r for r in results if r.mode == "fwd+bwd")
     assert fb.host_ms > 0 and fb.graph_ms is not None and fb.graph_ms > 0
+
+
+def _option_strings(parser):
+    return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")
+            and opt != "--help"]
+
+
+def test_every_bench_option_is_documented():
+    """Every `fa-amd bench` option is in the README and has help text in --help."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="fa-amd bench")
+    bench.add_arguments(parser)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    options = _option_strings(parser)
+    assert {"--smoke", "--quick", "--host-time", "--from-json"} <= set(options)
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0] != "-h":
+            assert action.help, f"{action.option_strings} has no help text"
+    missing = [opt for opt in options if f"`{opt}" not in readme]
+    assert not missing, f"README does not document fa-amd bench {missing}"
+    assert "n/a (reason)" in parser.format_help()
+
+
+def test_na_cells_say_why():
+    """A CPU run has no memory / CUDA-graph numbers, and a peer that cannot run a shape has no row:
+    each such cell says which, and the reasons are explained under the tables."""
+    from fa_amd.bench import NA_REASONS, Result, markdown_tables
+
+    def result(method, mode, tflops, **extra):
+        return Result(shape={}, label="b1 s64", kind="dense", method=method, mode=mode,
+                      ms=1.0 if tflops else None, tflops=tflops, **extra)
+
+    rows = [result("fa_amd", "fwd", 1.0), result("fa_amd", "fwd+bwd", 1.0, host_ms=2.0),
+            result("eager", "fwd", None, note="n/a: Unavailable: skipped"),
+            result("eager", "fwd+bwd", None, note="n/a: Unavailable: skipped")]
+    text = markdown_tables(rows)
+    memory = text.split("Peak memory")[1].split("###")[0]
+    assert "n/a (no GPU)" in memory and "n/a (not run)" in memory
+    assert "2.000 / n/a (no GPU)" in text
+    assert NA_REASONS["no GPU"] in text and NA_REASONS["not run"] in text
+    assert "eager: Unavailable: skipped" in text

@@ -196,8 +196,7 @@ def test_packed_check_syncs_once_per_position_ids(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(s_aux=torch.zeros(4)), "s_aux"),
-        (dict(sinks=torch.zeros(4)), "sinks"),
+        (dict(s_aux=torch.zeros(3)), r"s_aux must have shape \(4,\)"),
         (dict(position_bias=torch.zeros(1)), "position_bias"),
         (dict(block_table=torch.zeros(1)), "block_table"),
         (dict(some_new_feature=torch.zeros(1)), "some_new_feature"),
@@ -207,6 +206,24 @@ def test_unsupported_kwargs_raise(kwargs, match):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=match):
         fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["s_aux", "sinks"])
+def test_attention_sinks_reach_the_kernels(device, name):
+    """gpt-oss passes its learnable sinks as s_aux: decode against a cache (one query row) and a
+    padded prefill both honour them."""
+    q, k, v = _qkv(sq=1, sk=13, device=device)
+    sinks = torch.randn(4, device=device)
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, **{name: sinks})
+    ref, _ = attention_ref(*(x.transpose(1, 2).double() for x in (q, k, v)), sinks=sinks.double())
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    q, k, v = _qkv(device=device)
+    mask = torch.ones(2, 9, dtype=torch.long, device=device)
+    mask[1, 6:] = 0
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, mask, sliding_window=4, **{name: sinks})
+    ref, _ = attention_ref(*(x.transpose(1, 2)[1:, :6].double() for x in (q, k, v)), causal=True,
+                           window_size=(3, 0), sinks=sinks.double())
+    torch.testing.assert_close(out[1:, :6].double(), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_harmless_and_none_kwargs_pass(device):
@@ -315,10 +332,12 @@ def test_route_flash_attention_2_end_to_end():
         (fn, varlen_fn, kv_fn, pad_fn, unpad_fn), _ = lazy_import_flash_attention("flash_attention_2")
         assert fn is fa_amd.flash_attn_func and unpad_fn is unpad_input
 
-        # on a GPU machine transformers' own probe now sees flash-attn 2 as well
-        if torch.cuda.is_available():
-            from transformers.utils import is_flash_attn_2_available
-            assert is_flash_attn_2_available()
+        # transformers' own probe sees flash-attn 2 wherever fa_amd runs (a GPU, or the interpreter here)
+        from transformers.utils import is_flash_attn_2_available
+        assert is_flash_attn_2_available()
+        from flash_attn.layers.rotary import apply_rotary_emb, RotaryEmbedding
+        from flash_attn.ops.triton.layer_norm import rms_norm_fn
+        from flash_attn.losses.cross_entropy import CrossEntropyLoss
         device = "cuda" if torch.cuda.is_available() else "cpu"
 
         from transformers import AutoModelForCausalLM, LlamaConfig
@@ -370,10 +389,13 @@ def test_mask_function_never_builds_4d_masks():
     assert fa_amd_attention_mask(2, 1, 8, q_offset=9, kv_offset=2, attention_mask=mask).shape == (2, 8)
     # dynamic cache without padding: no mask
     assert fa_amd_attention_mask(2, 1, 10, q_offset=9) is None
-    # static cache without padding: a 2D mask covering the filled slots only
+    # static cache without padding: the whole buffer, its unfilled tail marked as padding (static shape)
     static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
-    assert static.shape == (2, 6) and static.all()
+    assert static.shape == (2, 32) and static[:, :6].all() and not static[:, 6:].any()
     static_prefill = fa_amd_attention_mask(2, 4, 32, q_offset=0, device="cpu")
-    assert static_prefill.shape == (2, 4)
+    assert static_prefill.shape == (2, 32) and static_prefill.sum().item() == 8
+    # static cache with a left-padded 2D mask covering the tokens seen so far
+    padded = fa_amd_attention_mask(2, 1, 16, q_offset=torch.tensor(9), attention_mask=mask)
+    assert padded.shape == (2, 16) and torch.equal(padded[:, :10], mask) and not padded[:, 10:].any()
     # cross-attention (bidirectional, more keys than queries): no mask
     assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None

@@ -8,7 +8,7 @@ import pytest
 
 from fa_amd.arch import Arch
 from fa_amd import autotune
-from fa_amd.tuning import get_config, tuned_table
+from fa_amd.tuning import get_config, switches_of, tuned_table
 from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, TABLES
 
 GFX942 = Arch("hip", "gfx942", 64)
@@ -62,7 +62,7 @@ def test_save_and_load_merges_over_defaults(cache_dir):
     assert [r["head_dim"] for r in rows] == [64, 128, 256]  # untuned classes keep their default rows
     assert get_config(GFX942, "fwd", 128)["waves_per_eu"] == 3
     assert get_config(GFX942, "fwd", 64) == {**{k: v for k, v in TABLES["gfx942"][0]["fwd"].items() if k != "fp32"},
-                                             **KERNEL_SWITCHES}
+                                             **switches_of("fwd")}
     assert get_config(GFX942, "fwd", 256)["BLOCK_M"] == TABLES["gfx942"][2]["fwd"]["BLOCK_M"]
     # the same tuned row on a non-HIP family loses its AMD-only options
     tuned_table.save_tuned_rows("sm90", [FAKE_ROW])
@@ -118,7 +118,8 @@ def test_kernel_switches(cache_dir):
         for d in (64, 128, 256):
             for kernel in ("fwd", "dkdv", "dq", "dkdv_atomic"):
                 cfg = get_config(arch, kernel, d)
-                assert set(KERNEL_SWITCHES) <= set(cfg)
+                assert set(switches_of(kernel)) <= set(cfg)
+                assert not (set(KERNEL_SWITCHES) - set(switches_of(kernel))) & set(cfg)  # others' switches
                 assert (cfg["RELOAD_CHUNK"] > 0) == (arch is GFX1100), (arch, kernel, d, cfg)
                 assert not set(KERNEL_SWITCHES) & set(aot.compile_options(cfg))
                 assert {"num_warps", "num_stages"} <= set(aot.compile_options(cfg))

@@ -24,10 +24,11 @@ import triton.language as tl
 from ..arch import arch_for, num_sms
 from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges
+from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
 from .launch import cdiv, grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, \
     row_strides, score_args, shape_info
-from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds
+from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
+    sink_grad_rows, tail_start
 
 
 @triton.jit
@@ -35,14 +36,17 @@ def bwd_preprocess_kernel(
     Out, DO, Delta, cu_seqlens_q, seqlen_q,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, total_q,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    Lse=None, Sinks=None, DSinksPart=None, HAS_SINKS: tl.constexpr = False,
 ):
-    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term."""
+    """delta_i = rowsum(dO_i * O_i), the softmax-gradient correction term; with sinks also
+    this block's share of d sink_h, one fp32 per program (summed by the launcher in a fixed
+    order: deterministic, no atomics)."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -56,6 +60,11 @@ def bwd_preprocess_kernel(
                  + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, delta, mask=offs_m < q_len)
+    if HAS_SINKS:
+        lse = tl.load(Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, mask=offs_m < q_len,
+                      other=float("inf"))
+        tl.store(DSinksPart + (b64 * tl.num_programs(1) + h) * tl.num_programs(0) + pid_m,
+                 sink_grad_rows(Sinks, h, lse, delta, offs_m < q_len))
 
 
 @triton.jit
@@ -67,7 +76,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if RELOAD_CHUNK:
@@ -108,27 +118,33 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                             softcap_log2, slope_log2, win_left, win_right,
                             MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
         pT = tl.exp2(sT - (lse * LOG2E)[None, :])
+        # (WANT_DK / WANT_DV: which accumulators this program holds; both but in DKDV_SPLIT programs)
         if RELOAD_CHUNK:
-            dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows, q_row_ok,
-                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+            if WANT_DK:
+                dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows,
+                                  q_row_ok, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
             do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
-        else:
+        elif WANT_DK:
             dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
-            dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-            dpT = tl.where(keep, dpT * keep_scale, 0.0)
-        else:
+            if WANT_DV:
+                dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv,
+                            input_precision=INPUT_PRECISION)
+            if WANT_DK:
+                dpT = tl.where(keep, dpT * keep_scale, 0.0)
+        elif WANT_DV:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        if IS_SOFTCAP:
-            dsT = dsT * (1.0 - tT * tT)
-        if RELOAD_CHUNK:
-            q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
-            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        else:
-            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
-        if ATOMIC_DQ:
+        if WANT_DK:
+            dsT = pT * (dpT - delta[None, :])
+            if IS_SOFTCAP:
+                dsT = dsT * (1.0 - tT * tT)
+            if RELOAD_CHUNK:
+                q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+                dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+            else:
+                dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ and WANT_DK:
             # non-deterministic fast path: dQ from the same dS tile, summed with
             # fp32 atomics instead of a second pass that recomputes S and dP
             if RELOAD_CHUNK:
@@ -145,7 +161,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(
+def _dkdv_program(
     Q, K, V, DO, Lse, Delta, DK, DV, DQ,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
@@ -158,41 +174,23 @@ def attn_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
     GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
     pid_h = tl.program_id(1)
     hk = pid_h * heads_per_prog // GROUP
     b = tl.program_id(2)
-    if FUSED_DQ:
-        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
-        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
-        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
-        n_kv_programs = tl.cdiv(seqlen_k, BLOCK_N)
-        if pid_n >= n_kv_programs:
-            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
-            j = pid_n - n_kv_programs
-            g = j // n_q_blocks
-            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
-                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
-                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
-                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
-                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
-                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
-                        RELOAD_CHUNK)
-            return
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
         return
@@ -240,31 +238,134 @@ def attn_bwd_dkdv_kernel(
                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                      sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
                                  full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK)
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
     dk = dk * sm_scale
     if ATOMIC_DKDV:
         # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
-        tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
-                      + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
-        tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
-                      + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
+        if WANT_DK:
+            tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
+                          + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
+        if WANT_DV:
+            tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
+                          + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
     else:
-        tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
-                 + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
-                 + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        if WANT_DK:
+            tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
+                     + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        if WANT_DV:
+            tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
+                     + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, DQ,
+    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
+    GROUP, heads_per_prog, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    DKDV_SPLIT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    b = tl.program_id(2)
+    n_kv_blocks = tl.cdiv(seqlen_k, BLOCK_N)
+    if FUSED_DQ:
+        # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
+        # this slot's query heads) in the same launch: no second kernel, no atomics, and they fill
+        # the GPU beside the longer dK/dV programs (which sum a whole GQA group)
+        n_kv_programs = n_kv_blocks * (2 if DKDV_SPLIT else 1)
+        if pid_n >= n_kv_programs:
+            n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
+            j = pid_n - n_kv_programs
+            g = j // n_q_blocks
+            _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                        Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                        qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
+                        GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
+                        tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
+                        IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
+                        RELOAD_CHUNK)
+            return
+    if IS_VARLEN:
+        if b == tl.num_programs(2) - 1:
+            # the extra program row: keys past cu_seqlens_k[-1] (static buffers) get dK = dV = 0
+            # (ATOMIC_DKDV adds into fp32 buffers that start at zero)
+            if not ATOMIC_DKDV:
+                n_kv_programs = n_kv_blocks * (2 if DKDV_SPLIT else 1)  # the fused dQ ones returned above
+                tail = tail_start(cu_seqlens_k, b, total_k)
+                zero_rows(DK + tail.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh, stride_dkn,
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
+                zero_rows(DV + tail.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh, stride_dvn,
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
+            return
+    if DKDV_SPLIT:
+        # dK and dV from separate programs (dK: key blocks [0, n_kv_blocks), dV: the next n_kv_blocks),
+        # each holding one [BLOCK_N, D_PAD] fp32 accumulator instead of two: half the registers, for
+        # S = K Q^T computed twice (5 matmuls per tile pair instead of 4).  At d256 that lets 8 warps
+        # take 128-key tiles (a 64-key S tile under 8 warps is computed twice on sm90 anyway).
+        if pid_n < n_kv_blocks:
+            _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                          stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                          stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                          stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                          Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
+                          GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                          IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False)
+        else:
+            _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                          stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                          stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                          stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                          Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                          qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
+                          GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                          IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True)
+    else:
+        _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                      stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                      Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+                      qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
+                      GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                      IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
+                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True)
 
 
 @triton.jit
@@ -332,7 +433,7 @@ def _dq_program(
     stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
     GROUP, pid_m, h, b, num_heads, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -340,7 +441,15 @@ def _dq_program(
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
 ):
     """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees."""
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if b == tl.num_programs(2) - 1:
+            # the extra program row: query tokens past cu_seqlens_q[-1] get dQ = 0
+            tail = tail_start(cu_seqlens_q, b, total_q)
+            zero_rows(DQ + tail.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh, stride_dqm, total_q - tail,
+                      pid_m, tl.cdiv(seqlen_q, BLOCK_M), HEAD_DIM, D_PAD, BLOCK_M)
+            return
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -416,6 +525,7 @@ def attn_bwd_dq_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+    total_q, total_k,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -427,7 +537,7 @@ def attn_bwd_dq_kernel(
                 stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
                 stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                 Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale,
+                qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                 GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
                 tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
                 HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
@@ -475,8 +585,11 @@ def backward_dq_mode(family: str, deterministic: bool, dkdv_cfg, dq_cfg) -> str:
 
 def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                       deterministic=True):
-    """Returns (dq, dk, dv) with the shapes of q, k, v.
+                       deterministic=True, sinks=None):
+    """Returns (dq, dk, dv) with the shapes of q, k, v; with `sinks` (fp32 (nheads_q,), the forward's
+    learnable sink logits; lse includes them) returns (dq, dk, dv, dsinks), dsinks fp32 (nheads_q,).
+    The dK/dV and dQ kernels need nothing for sinks (dS = P * (dP - delta) given that lse);
+    d sink_h = -sum exp(sink_h - lse) * delta comes from the preprocess kernel, deterministic.
 
     deterministic=True: no atomics anywhere (bitwise reproducible); dQ from dQ programs, fused into
     the dK/dV launch or in a second kernel (backward_dq_mode).
@@ -487,8 +600,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     dq = new_output(q, q.shape)
     dk = new_output(k, k.shape)
     dv = new_output(v, v.shape)
+    dsinks = None if sinks is None else torch.zeros(hq, device=q.device, dtype=torch.float32)
     if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return _with_dsinks((dq.zero_(), dk.zero_(), dv.zero_()), dsinks)
     if max_seqlen_q == 0:
         dq.zero_()
     d_pad = head_dim_padded(d)
@@ -500,14 +614,20 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = new_output(lse, lse.shape)
-    common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     if max_seqlen_q > 0:
         pre_block = 64 if d_pad <= 128 else 32
+        sink_args = {}
+        if sinks is not None:  # one slot per program for its rows' share of d sink (early exits leave 0)
+            dsinks_part = torch.zeros((batch, hq, cdiv(max_seqlen_q, pre_block)), device=q.device, dtype=torch.float32)
+            sink_args = dict(Lse=lse, Sinks=sinks, DSinksPart=dsinks_part, HAS_SINKS=True)
         bwd_preprocess_kernel[(cdiv(max_seqlen_q, pre_block), hq, batch)](
             out, dout, delta, cu_q, seqlen_q,
             *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen),
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
+            total_q=common["total_q"], HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen, **sink_args,
         )
+        if sinks is not None:
+            dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
     strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
                   *row_strides(dout, varlen))
     mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
@@ -540,10 +660,11 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
             dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
 
-        def grid0(cfg):
-            return cdiv(max_seqlen_k, cfg["BLOCK_N"]) + per_program * dq_blocks
+        def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
+            return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
 
-        launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch), (
+        # varlen: one more program row (batch index `batch`) zeroes the rows past cu_seqlens[-1]
+        launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch + varlen), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
@@ -557,11 +678,19 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             slices = group // per_program
             dk.copy_(dk_out.unflatten(-2, (hk, slices)).sum(-2))
             dv.copy_(dv_out.unflatten(-2, (hk, slices)).sum(-2))
+    else:  # no key is in a sequence: every key token (e.g. past cu_seqlens_k[-1]) gets dK = dV = 0
+        dk.zero_()
+        dv.zero_()
     if atomic_dq:
         dq.copy_(dq_accum)
     elif max_seqlen_q > 0 and not fused:
-        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
-    return dq, dk, dv
+    return _with_dsinks((dq, dk, dv), dsinks)
+
+
+def _with_dsinks(grads, dsinks):
+    """(dq, dk, dv), plus d sinks when the forward had sinks."""
+    return grads if dsinks is None else (*grads, dsinks)

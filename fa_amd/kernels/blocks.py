@@ -78,7 +78,8 @@ def dot_rows_nt(acc, A_rows, a_ok, B_rows, b_ok, HEAD_DIM: tl.constexpr, D_PAD: 
     """acc + A @ B^T for A, B row-major [rows, HEAD_DIM] in memory (A_rows / B_rows: [R, 1] row
     pointers, a_ok / b_ok: [R, 1] row masks; masked rows read as 0), loaded D_CHUNK head-dim
     columns at a time: only one slice of each operand is ever held in registers."""
-    CHUNK: tl.constexpr = min(D_CHUNK, D_PAD)
+    # a conditional expression, not min(): before triton 3.6 min() of constexprs is tl.minimum (a tensor)
+    CHUNK: tl.constexpr = D_CHUNK if D_CHUNK < D_PAD else D_PAD
     offs = tl.arange(0, CHUNK)
     for c in tl.static_range(0, D_PAD, CHUNK):
         col_ok = (c + offs[None, :]) < HEAD_DIM
@@ -98,3 +99,17 @@ def load_row_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.
     else:
         tile = tl.load(ptrs)
     return tile
+
+
+@triton.jit
+def zero_rows(Base, stride_row, n_rows, first_block, num_blocks,
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Zero rows [0, n_rows) of a [rows, HEAD_DIM] view (row stride stride_row): this program takes
+    row blocks first_block, first_block + num_blocks, ...  Row bases are int64: n_rows (the tokens
+    past the last varlen segment) is not bounded by max_seqlen."""
+    offs = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D_PAD)
+    zeros = tl.zeros([BLOCK, D_PAD], dtype=Base.dtype.element_ty)
+    for r0 in range(first_block * BLOCK, n_rows, num_blocks * BLOCK):
+        tl.store(Base + tl.cast(r0, tl.int64) * stride_row + offs[:, None] * stride_row + offs_d[None, :], zeros,
+                 mask=((r0 + offs[:, None]) < n_rows) & (offs_d[None, :] < HEAD_DIM))

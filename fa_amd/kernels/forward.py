@@ -27,11 +27,16 @@ import triton.language as tl
 from ..arch import arch_for
 from ..tuning import family_of, get_fwd_config, is_short
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges
+from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
 from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
     score_args, shape_info
-from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, load_descales, p_shift, \
-    score_log2, seq_bounds
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
+    load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
+
+
+# programs per (sequence, KV head) of v_nan_flags_kernel: each writes its own flags, so the flag
+# buffer needs no zeroing or atomics (one launch); the forward's epilogue reads all of them
+NAN_SPLITS = tl.constexpr(8)
 
 
 @triton.jit
@@ -112,6 +117,7 @@ def attn_fwd_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
+    total_q, total_k, NanFlags,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,6 +125,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -126,7 +133,20 @@ def attn_fwd_kernel(
     b = tl.program_id(2)
     # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
     FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if b == tl.num_programs(2) - 1:
+            # the extra program row: tokens past cu_seqlens_q[-1] (legal: static buffers) belong to
+            # no sequence; they get output 0 and lse +inf, as rows that see no key
+            tail = tail_start(cu_seqlens_q, b, total_q)
+            zero_rows(Out + tail.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh, stride_om, total_q - tail,
+                      pid_m, tl.num_programs(0), HEAD_DIM, D_PAD, BLOCK_M)
+            offs_t = tl.arange(0, BLOCK_M)
+            for r0 in range(tail + pid_m * BLOCK_M, total_q, tl.num_programs(0) * BLOCK_M):
+                tl.store(Lse + h.to(tl.int64) * stride_lh + r0 + offs_t, tl.full([BLOCK_M], float("inf"), tl.float32),
+                         mask=r0 + offs_t < total_q)
+            return
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -165,6 +185,10 @@ def attn_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        m_i, l_i = sink_init(Sinks, h, BLOCK_M)
+        if FP8:  # l_i sums P * 2**FP8_P_LOG2 (score_mods.p_shift): the sink's term too
+            l_i = l_i * FP8_P_SCALE
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -195,6 +219,15 @@ def attn_fwd_kernel(
     if FP8:
         out = out * v_descale
         m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
+    if HAS_LEFT or HAS_RIGHT:
+        # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
+        # feature d of any value of this sequence makes feature d of every row NaN, also of rows
+        # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it)
+        nan_flags = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk) * (NAN_SPLITS * D_PAD) + offs_d
+        v_nan = tl.load(nan_flags)
+        for split in range(1, NAN_SPLITS):
+            v_nan = tl.maximum(v_nan, tl.load(nan_flags + split * D_PAD))
+        out = tl.where(v_nan[None, :] != 0, float("nan"), out)
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
     lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
     o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
@@ -202,6 +235,42 @@ def attn_fwd_kernel(
              mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
     lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
+
+
+@triton.jit
+def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, stride_vn, stride_vh,
+                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, stride_vd=1):
+    """NanFlags[b, hk, split, d] = 1 if V of sequence b, KV head hk holds a NaN in feature d of key
+    blocks split, split + NAN_SPLITS, ...; else 0 (every entry is written).  FP8 V (a dtype path, as
+    in attn_fwd_kernel) is compared in fp32 and may be token-major (stride_vd)."""
+    FP8: tl.constexpr = V.dtype.element_ty.is_fp8()
+    split = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    _, _, k_start, k_len = seq_bounds(cu_seqlens_k, cu_seqlens_k, b, seqlen_k, seqlen_k, total_k, total_k, IS_VARLEN)
+    V_head = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int32)
+    for n0 in range(split * BLOCK_N, k_len, NAN_SPLITS * BLOCK_N):
+        rows = n0 + offs_n
+        v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
+                    mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if FP8:
+            v = v.to(tl.float32)
+        found = tl.maximum(found, (v != v).to(tl.int32))
+    tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * NAN_SPLITS + split) * D_PAD + offs_d, tl.max(found, 0))
+
+
+def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k):
+    """int32 (batch, hk, NAN_SPLITS, d_pad): nonzero where V of (sequence, KV head) holds a NaN in a feature."""
+    flags = torch.empty((batch, hk, NAN_SPLITS.value, d_pad), device=v.device, dtype=torch.int32)
+    v_nan_flags_kernel[(NAN_SPLITS.value, hk, batch)](
+        v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen),
+        HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
+        **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}))
+    return flags
 
 
 # --------------------------------------------------------------------------- probabilities (testing aid)
@@ -215,6 +284,7 @@ def attn_probs_kernel(
     stride_lb, stride_lh,
     stride_pb, stride_ph, stride_pm,
     Alibi, stride_ab, SeedState, keep_threshold,
+    total_q, total_k,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -226,7 +296,8 @@ def attn_probs_kernel(
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN)
+    q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
+                                                IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -281,20 +352,24 @@ def attn_probs_kernel(
 # --------------------------------------------------------------------------- launcher
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None,
                       descale=None, out_dtype=None):
     """Returns (out, softmax_lse, probs); probs is empty unless return_probs.
 
+    sinks: None, or fp32 (nheads_q,) learnable sink logits that join each row's softmax
+    denominator (softmax_lse then includes them; probs exclude the sink's share).
     FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
     (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
     both); V may then also be token-major per head (v.stride(-3) == 1)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
-    probs_shape = (batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
-    probs = q.new_zeros(probs_shape, dtype=out.dtype)
+    # (empty unless asked for: no zero-fill dispatch per call)
+    probs = q.new_zeros((batch, hq, max_seqlen_q, max_seqlen_k), dtype=out.dtype) if return_probs \
+        else q.new_empty((0,), dtype=out.dtype)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
-        return out, lse, probs
+        # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
+        return out.zero_(), lse.fill_(float("inf")), probs
     d_pad = head_dim_padded(d)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
@@ -306,13 +381,19 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
-    common = kernel_args(hq, hk, d, d_pad, varlen, flags)
+    common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     descale = q if descale is None else descale  # read only on the FP8 path
-    launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+    # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference
+    nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k) \
+        if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else q
+    # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
+    launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
-        dict(keep_scale=keep_scale, descale=descale, **scalars, **common, POSITIVE_SCALE=softmax_scale > 0 and raw_max))
+        dict(keep_scale=keep_scale, descale=descale, **scalars, **common, NanFlags=nan_flags,
+             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q

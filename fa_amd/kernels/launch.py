@@ -156,9 +156,11 @@ def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left
     return scalars, flags, keep_scale
 
 
-def kernel_args(hq, hk, d, d_pad, varlen, flags):
-    """GQA ratio, head dims, layout and feature flags: shared by every attention launch."""
-    return dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen, **flags)
+def kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=0, total_k=0):
+    """GQA ratio, head dims, layout and feature flags: shared by every attention launch.  total_q /
+    total_k (tokens of the packed q and k) bound the kernels' varlen segments (score_mods.seq_bounds)."""
+    return dict(GROUP=hq // hk, HEAD_DIM=d, D_PAD=d_pad, IS_VARLEN=varlen,
+                total_q=total_q if varlen else 0, total_k=total_k if varlen else 0, **flags)
 
 
 def shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):

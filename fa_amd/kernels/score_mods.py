@@ -11,7 +11,12 @@ Conventions (flash-attn >= 2.1):
     query's bottom-right aligned diagonal.  causal == window right bound 0;
     window (left, right) keeps  -left <= rel <= right;
   * ALiBi adds  -slope * |rel|;
-  * softcap maps  s -> softcap * tanh(s / softcap)  before ALiBi and masking.
+  * softcap maps  s -> softcap * tanh(s / softcap)  before ALiBi and masking;
+  * a learnable sink (one logit per query head, gpt-oss's s_aux) joins the softmax
+    denominator only: lse_i = log(sum_j exp(s_ij) + exp(sink_h)), out_i = sum_j
+    exp(s_ij - lse_i) v_j.  The forward starts its online softmax from it (sink_init);
+    the backward's dP/dS are unchanged given that lse, and d sink_h = -sum_i
+    exp(sink_h - lse_i) * delta_i (sink_grad_rows).
 """
 import triton
 import triton.language as tl
@@ -23,14 +28,17 @@ PHILOX_ROUNDS = tl.constexpr(7)
 
 
 @triton.jit
-def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
+def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k, IS_VARLEN: tl.constexpr):
     """(q_start, q_len, k_start, k_len) of sequence `b`: dense is varlen with
-    implicit offsets, so one kernel serves both layouts."""
+    implicit offsets, so one kernel serves both layouts.
+
+    Varlen bounds are clamped into the packed tensors (total_q / total_k tokens) and to
+    max_seqlen (seqlen_q / seqlen_k), so no cu_seqlens content -- decreasing, negative, past
+    the end, validated on the host or not -- moves a load or store outside q, k, v, the
+    outputs or lse, nor past the 32-bit in-sequence offsets the entry points checked."""
     if IS_VARLEN:
-        q_start = tl.load(cu_seqlens_q + b)
-        q_len = tl.load(cu_seqlens_q + b + 1) - q_start
-        k_start = tl.load(cu_seqlens_k + b)
-        k_len = tl.load(cu_seqlens_k + b + 1) - k_start
+        q_start, q_len = clamped_segment(cu_seqlens_q, b, seqlen_q, total_q)
+        k_start, k_len = clamped_segment(cu_seqlens_k, b, seqlen_k, total_k)
     else:
         q_start = b * 0
         q_len = b * 0 + seqlen_q
@@ -40,11 +48,40 @@ def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, IS_VARLEN: tl.
 
 
 @triton.jit
+def clamped_segment(cu_seqlens, b, max_len, total):
+    """(start, length) of segment b: start in [0, total], end in [start, total], length <= max_len."""
+    start = tl.minimum(tl.maximum(tl.load(cu_seqlens + b), 0), total)
+    end = tl.minimum(tl.maximum(tl.load(cu_seqlens + b + 1), start), total)
+    return start, tl.minimum(end - start, max_len)
+
+
+@triton.jit
+def tail_start(cu_seqlens, batch, total):
+    """First token past the last segment (cu_seqlens[batch], clamped into [0, total]): tokens
+    [tail_start, total) belong to no sequence (static buffers) and get zeros / lse +inf."""
+    return tl.minimum(tl.maximum(tl.load(cu_seqlens + batch), 0), total)
+
+
+# tanh(x) = x + x^3 P(x^2) on |x| < TANH_POLY_MAX: a float64 relative-error fit, about 1 ulp in
+# float32 there.  Past it 1 - 2/(e^2x + 1) loses nothing (|tanh| > 0.5); below it that form cancels
+# (absolute error ~1e-7, so softcap = 1e6 moved scores by ~0.1).
+TANH_POLY_MAX = tl.constexpr(0.55)
+TANH_C3 = tl.constexpr(-0.33333317663932405)
+TANH_C5 = tl.constexpr(0.13332589918998028)
+TANH_C7 = tl.constexpr(-0.053852723964205554)
+TANH_C9 = tl.constexpr(0.021073437047738224)
+TANH_C11 = tl.constexpr(-0.006276784303751259)
+
+
+@triton.jit
 def tanh(x):
-    # Written with exp2 because libdevice/ocml tanh is not reachable portably;
-    # saturates cleanly to +-1 for large |x|.
+    # Written with exp2 and a polynomial because libdevice/ocml tanh is not reachable portably;
+    # relative error <= ~4e-7 everywhere, exactly +-1 for large |x| and at +-inf.
     e = tl.exp2(x * (2.0 * LOG2E))
-    return 1.0 - 2.0 / (e + 1.0)
+    big = 1.0 - 2.0 / (e + 1.0)
+    x2 = x * x
+    poly = (((TANH_C11 * x2 + TANH_C9) * x2 + TANH_C7) * x2 + TANH_C5) * x2 + TANH_C3
+    return tl.where(tl.abs(x) < TANH_POLY_MAX, x + x * x2 * poly, big)
 
 
 @triton.jit
@@ -102,6 +139,29 @@ def dropout_seed(SeedState, HAS_DROPOUT: tl.constexpr):
     return seed, seed_offset
 
 
+@triton.jit
+def sink_init(Sinks, h, BLOCK_M: tl.constexpr):
+    """Online-softmax start state (m, l), in log2 units, of the rows of query head h with a
+    learnable attention sink: the sink is one more logit in the softmax denominator, with no
+    value row, so before any key is seen the running max is the sink and the running sum
+    exp(sink - max) is 1; the key loop then rescales it like any other term.  A row that sees
+    no key keeps output 0 and gets lse = sink.  A -inf sink (a head without one) gives the plain
+    start (m = -inf, l = 0)."""
+    sink_log2 = tl.load(Sinks + h).to(tl.float32) * LOG2E
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
+    l = tl.where(m == float("-inf"), 0.0, 1.0)
+    return m, l
+
+
+@triton.jit
+def sink_grad_rows(Sinks, h, lse, delta, row_ok):
+    """This tile's share of d sink_h = -sum_i exp(sink_h - lse_i) * delta_i (delta_i = rowsum(dO_i * O_i)):
+    the sink's probability times its softmax gradient (its dP is 0: it has no value row)."""
+    sink = tl.load(Sinks + h).to(tl.float32)
+    p_sink = tl.exp2((sink - lse) * LOG2E)
+    return -tl.sum(tl.where(row_ok, p_sink * delta, 0.0), 0)
+
+
 # --------------------------------------------------------------------------- FP8 operands
 # FP8 is a dtype path of the same kernels, not a copy: a kernel's FP8 constexpr is Q's element type
 # being an fp8 type (a compile-time fact, so a mismatch between flag and data cannot happen).
@@ -111,6 +171,7 @@ def dropout_seed(SeedState, HAS_DROPOUT: tl.constexpr):
 # flushing to zero; l is summed from the same scaled P, so the factor cancels in out = acc / l and
 # only the lse subtracts it.  2**7: P*128 <= 128 fits every fp8 type (e4m3fnuz's max is 240).
 FP8_P_LOG2 = tl.constexpr(7.0)
+FP8_P_SCALE = tl.constexpr(128.0)  # 2**FP8_P_LOG2
 
 
 @triton.jit

@@ -3,11 +3,11 @@ optionally overridden by a tuned table on disk (fa_amd.tuning.tuned_table, writt
 fa_amd.autotune)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
-from ..arch import Arch
+from ..arch import TRITON_VERSION, Arch
 from . import tables, tuned_table
-from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
+from .tables import FAMILY_ALIASES, HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, SWITCH_KERNELS, TABLES
 
 KERNELS = ("fwd", "dkdv", "dq", "dkdv_atomic")
 
@@ -30,18 +30,40 @@ def _overrides():
     return tuned_table.load_tuned_table()  # reads a json file only when present
 
 
+def switches_of(kernel: Optional[str]) -> Dict:
+    """The kernel switches (name -> default) the table kernel `kernel` ("fwd", "dkdv", ...) takes;
+    every switch for None."""
+    return {name: default for name, default in KERNEL_SWITCHES.items()
+            if kernel is None or kernel in SWITCH_KERNELS.get(name, (kernel,))}
+
+
+def _triton_bound(name: str) -> tuple:
+    """"triton<3.6" -> (3, 6)."""
+    return tuple(int(p) for p in name.split("<")[1].split("."))
+
+
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False,
-                  fp8: bool = False) -> Dict:
-    """A table entry as a launch dict: its "causal" override applied for causal
-    (or right-windowed) attention, its "short" override for launches with at most
-    tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32 inputs, its "fp8"
-    override for fp8 inputs (half the shared memory per tile), and the
-    default of every kernel switch (tables.KERNEL_SWITCHES) it does not set."""
+                  kernel: Optional[str] = None, triton_version: tuple = None, fp8: bool = False) -> Dict:
+    """A table entry as a launch dict: its "triton<X.Y" overrides whose bound is above the
+    installed triton (tables.TRITON_OVERRIDES; `triton_version` overrides the installed one), then
+    its "causal" override for causal (or right-windowed) attention, its "short" override for
+    launches with at most tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32
+    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile), and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set -- of
+    the switches the table kernel `kernel` takes (tables.SWITCH_KERNELS) when it is given."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
+    version = triton_version or TRITON_VERSION
+    for name in tables.TRITON_OVERRIDES:
+        if entry.get(name) and version < _triton_bound(name):
+            cfg.update(entry[name])
     for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
-    for name, default in KERNEL_SWITCHES.items():
+    switches = switches_of(kernel)
+    foreign = sorted(k for k in cfg if k in KERNEL_SWITCHES and k not in switches)
+    if foreign:
+        raise ValueError(f"the {kernel!r} kernel takes no {', '.join(foreign)} (tables.SWITCH_KERNELS); "
+                         f"fix its table entry {entry}")
+    for name, default in switches.items():
         cfg.setdefault(name, default)
     return cfg
 
@@ -92,14 +114,29 @@ def is_short(max_seqlen_k: int) -> bool:
 
 def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
              short: bool = False, fp8: bool = False) -> Dict:
-    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
-    # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
-    cfg = resolve_entry(row.get(kernel) or row["dkdv"], is_fp32, causal, short, fp8)
+    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short, kernel, fp8=fp8)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
             cfg.pop(key, None)
     return cfg
+
+
+def _entry(rows, kernel: str, head_dim_padded: int) -> Dict:
+    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
+    return row.get(kernel) or row["dkdv"]
+
+
+def default_entry(arch: Arch, kernel: str, head_dim_padded: int) -> Dict:
+    """The default tables' entry for `kernel` (its override dicts unapplied), tuned tables ignored."""
+    return _entry(TABLES[family_of(arch)], kernel, head_dim_padded)
+
+
+def default_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
+                   short: bool = False, fp8: bool = False) -> Dict:
+    """get_config from the default tables only (tuned tables ignored): what the AOT check builds."""
+    return _resolve(TABLES[family_of(arch)], arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
 
 
 def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
@@ -132,9 +169,10 @@ def nondeterministic_dq(family: str) -> str:
 
 def bwd_fusable(family: str, dkdv_cfg: Dict, dq_cfg: Dict) -> bool:
     """Whether the dQ programs run in the dK/dV launch: the family fuses (tables.FUSED_DQ_FAMILIES)
-    and both launch dicts agree on everything but their tiles (warps, stages, HIP options, switches)."""
+    and both launch dicts agree on everything but their tiles and the switches of one kernel only
+    (warps, stages, HIP options, shared switches)."""
     def rest(cfg):
-        return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N")}
+        return {k: v for k, v in cfg.items() if k not in ("BLOCK_M", "BLOCK_N") and k not in SWITCH_KERNELS}
     return family in tables.FUSED_DQ_FAMILIES and rest(dkdv_cfg) == rest(dq_cfg)
 
 
@@ -142,6 +180,49 @@ def gqa_split_sum(family: str) -> str:
     """"partials" or "atomic": how split GQA slices of dK/dV are summed when atomics are allowed,
     on this arch family (tables.GQA_SPLIT_SUM)."""
     return _family_choice("GQA_SPLIT_SUM", family, "partials", ("partials", "atomic"))
+
+
+# --------------------------------------------------------------------------- decode
+
+DECODE_KERNELS = ("decode", "append", "merge")
+_DECODE_RESOLVED: Dict[tuple, Dict] = {}
+
+
+def _decode_family(arch: Arch) -> str:
+    family = family_of(arch)
+    return family if family in tables.DECODE_TABLES else ("gfx90a" if arch.backend == "hip" else "sm80")
+
+
+def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False) -> Dict[str, Dict]:
+    """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
+    the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
+    KV head) and "fp32" override applied; AMD-only options dropped off HIP.  Memoized (hot path)."""
+    key = (arch, head_dim_padded, bool(is_fp32), bool(wide))
+    hit = _DECODE_RESOLVED.get(key)
+    if hit is not None:
+        return hit
+    rows = tables.DECODE_TABLES[_decode_family(arch)]
+    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    out = {}
+    for kernel in DECODE_KERNELS:
+        entry = row[kernel]
+        cfg = {k: v for k, v in entry.items() if k not in ("wide", "fp32")}
+        for name, wanted in (("wide", wide), ("fp32", is_fp32)):
+            if wanted and entry.get(name):
+                cfg.update(entry[name])
+        if arch.backend != "hip":
+            for opt in HIP_ONLY_OPTIONS:
+                cfg.pop(opt, None)
+        if kernel == "decode":
+            cfg.setdefault("RELOAD_CHUNK", KERNEL_SWITCHES["RELOAD_CHUNK"])
+        out[kernel] = cfg
+    _DECODE_RESOLVED[key] = out
+    return out
+
+
+def get_decode_split_policy(arch: Arch) -> Dict:
+    """The split-count rule's parameters for this arch family (tables.DECODE_SPLITS)."""
+    return tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])
 
 
 def _by_arch(table: Dict, arch: Arch, default):

@@ -65,8 +65,14 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 # 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 
-# The per-case override dicts an entry may hold, in the order they are applied (resolve_entry).
-OVERRIDES = ("causal", "short", "fp32", "fp8")
+# Per-Triton overrides: an entry may hold "triton<X.Y" dicts, applied when the installed triton is
+# older than X.Y, before the case overrides below (fa_amd.tuning.resolve_entry; broadest bound
+# first, so a narrower one refines it).  Why: older compilers allocate registers differently, and
+# a row that is spill-free under the newest one can spill under them; the AOT matrix
+# (.ci/aot_matrix.py, docs/AOT.md) builds every row under every supported triton.
+TRITON_OVERRIDES = ("triton<3.7", "triton<3.6", "triton<3.5", "triton<3.4", "triton<3.3")
+# The override dicts an entry may hold, in the order they are applied (resolve_entry).
+OVERRIDES = TRITON_OVERRIDES + ("causal", "short", "fp32", "fp8")
 # A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
 SHORT_SEQLEN_K = 1024
 
@@ -139,9 +145,10 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
+        # triton 3.5 / 3.6 spill the all-features fwd at 2 stages (80 / 36 B); 1 stage: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2, "triton<3.7": {"num_stages": 1}},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -163,9 +170,11 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
+        # triton 3.4 spills the all-features fwd at 2 stages (164 B); 1 stage: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.5": {"num_stages": 1},
+                 "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -187,9 +196,10 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
+        # triton 3.6 spills the all-features fwd at 128x32 (36 B); 64x32: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.7": {"BLOCK_M": 64}},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -274,7 +284,90 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   RELOAD_CHUNK: 0 keeps the kernels' loop-invariant d-wide dot operands in
 #   registers; N > 0 reloads them from memory per block and reduces the head dim
 #   N columns at a time (fa_amd/kernels/forward.py, backward.py) -- for register-bound RDNA.
-KERNEL_SWITCHES = {"RELOAD_CHUNK": 0}
+#   DKDV_SPLIT (dK/dV kernel only): 1 computes dK and dV in separate programs of one launch, each
+#   holding one [BLOCK_N, D] fp32 accumulator instead of two (S is computed by both: 5 matmuls per
+#   tile pair instead of 4); for register-bound head dims (d256), where it lets 8 warps take
+#   128-key tiles.  Off everywhere until timed (.ci/d256_ab.py, docs/TUNING_NOTES.md v9).
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0}
+# Switches that only some kernels take, with the table kernels whose launch dicts carry them
+# (the others never see them: an entry that sets one is an error); unlisted switches: every kernel.
+SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic")}
+
+
+# --------------------------------------------------------------------------- decode (kernels/decode.py)
+# Launch dicts of the decode kernels per family, rows by padded head dim as in TABLES:
+#   "decode": the split-KV attention kernel.  BLOCK_M = query rows per tile, a row being one
+#             (query token, head of the KV group) pair, at least 16 (tl.dot's minimum); BLOCK_N =
+#             keys per loop iteration.  Its "wide" override applies when one KV head has more than
+#             DECODE_WIDE_ROWS rows (seqlen_q x GQA group: chunked prefill or paged prefill on a
+#             cache), where taller tiles read each K/V block for more rows; "fp32" for fp32 inputs.
+#   "append": the in-place cache write of new k/v (+ rotary); BLOCK_M = new tokens per program.
+#   "merge": the log-sum-exp merge of the key splits; BLOCK_M = (token, head) rows per program.
+# A "decode" entry may set the kernel switch RELOAD_CHUNK (KERNEL_SWITCHES; q reloaded per key block).
+# Starting points, not yet timed on a GPU (.ci/decode_ab.py times the candidates); the AMD rows
+# compile with zero scratch for their targets (checked with the AOT compiler, docs/AOT.md).
+DECODE_WIDE_ROWS = 16
+_DECODE_TAIL = {"append": {"BLOCK_M": 16, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}
+_DECODE_FP32 = {"BLOCK_N": 32, "num_stages": 1}
+
+
+def _decode_rows(decode64, decode128, decode256, wide, hip=None):
+    """The three head-dim rows of a family: the "decode" entries given, the shared append / merge ones."""
+    hip = hip or {}
+    rows = []
+    for d, entry in ((64, decode64), (128, decode128), (256, decode256)):
+        decode = dict(entry, **hip)
+        decode["wide"] = dict(wide.get(d, {}))
+        decode["fp32"] = dict(_DECODE_FP32)
+        rows.append({"head_dim": d, "decode": decode,
+                     "append": dict(_DECODE_TAIL["append"], **hip), "merge": dict(_DECODE_TAIL["merge"], **hip)})
+    return rows
+
+
+_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64}, 256: {"BLOCK_M": 32, "BLOCK_N": 32}}
+_CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+DECODE_TABLES = {
+    # interpreter: tiny tiles, so CPU tests cross key blocks and pages on short caches
+    "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
+                                          "wide": {"BLOCK_M": 32}},
+             "append": {"BLOCK_M": 8, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}],
+    "sm90": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
+                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, _WIDE),
+    "sm80": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, _WIDE),
+    "gfx942": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE,
+                           dict(_CDNA, kpack=2)),
+    "gfx950": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    "gfx90a": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+    # RDNA3: q streamed in 32-column chunks (RELOAD_CHUNK, as the prefill rows do); with q and K
+    # resident every tile spilled (AOT: 12..1208 B scratch at 16x16..16x64, 4 or 8 warps)
+    "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {64: {"BLOCK_M": 32}, 128: {"BLOCK_M": 32}, 256: {"BLOCK_M": 32, "BLOCK_N": 16}},
+                            {"waves_per_eu": 0}),
+}
+
+# How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
+# wave-efficiency rule): no split once the (batch x KV heads x row tiles) programs reach
+# `full_fraction` of `programs_per_sm` x the GPU's SM/CU count; otherwise the fewest splits whose
+# last wave is at least `efficiency` of the best one, at most `max_splits`, each holding at least
+# `min_blocks_per_split` key blocks (the merge reads every split's partial output back).
+DECODE_SPLITS = {
+    "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
+                "min_blocks_per_split": 2},
+}
 
 
 # --------------------------------------------------------------------------- FP8 (fa_amd/fp8.py)

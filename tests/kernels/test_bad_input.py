@@ -103,7 +103,8 @@ def test_cu_seqlens_length_mismatch(device):
             cu_seqlens([8], device), 5, 8)
 
 
-def test_block_table_rejected(device):
+def test_block_table_needs_paged_kv(device):
+    # block_table is supported (paged KV); unpaged 3-D k/v with it is a clear error naming block_table
     q, k, v = (x[0] for x in _qkv(device))
     cu = cu_seqlens([8], device)
     _raises(ValueError, "block_table", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 8, 8,
@@ -241,3 +242,25 @@ def test_sequence_past_int32_offsets(device):
     q = torch.randn(1, 46341, 1, 16, device=device, dtype=torch.float16)
     _raises(ValueError, r"return_attn_probs=True needs a 46341 x 46341 probability matrix",
             fa_amd.flash_attn_func, q, q, q, return_attn_probs=True)
+
+
+def test_memo_sees_numpy_writes_to_cpu_tensors():
+    # a numpy view writes without bumping the version counter: CPU entries compare contents
+    from fa_amd.memo import memo_per_tensor
+
+    calls = []
+    x = torch.arange(4)
+    assert memo_per_tensor(x, "sum-np", lambda t: calls.append(1) or int(t.sum())) == 6
+    x.numpy()[0] = 10
+    assert memo_per_tensor(x, "sum-np", lambda t: calls.append(1) or int(t.sum())) == 16 and len(calls) == 2
+
+
+def test_too_many_varlen_sequences(device):
+    q, k, v = (x[0] for x in _qkv(device))
+    cu = torch.zeros(65536, dtype=torch.int32, device=device)  # 65535 sequences: one over the grid limit
+    _raises(ValueError, "at most 65534 sequences", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 1, 1)
+
+
+def test_softmax_scale_out_of_float32_range(device):
+    q, k, v = _qkv(device)
+    _raises(ValueError, "softmax_scale = 1e\\+39 overflows", fa_amd.flash_attn_func, q, k, v, softmax_scale=1e39)

@@ -1,0 +1,199 @@
+"""GPU experiment: decode-kernel launch candidates on the `fa-amd bench --decode` rows, so the table
+values (tables.DECODE_TABLES / DECODE_SPLITS for this GPU's family) can be picked from one run.
+
+  1. tiles: BLOCK_N x warps x stages candidates for the d128 "decode" entry, split rule as tabled;
+  2. split rule: programs per SM / min key blocks per split / max splits / no split, on the tile that
+     won stage 1 (geometric mean of KV GB/s over the rows);
+  3. paging: the winner on a paged cache (page 16 / 64 / 256) against the dense cache.
+
+Each (row, candidate) is timed like `fa-amd bench --decode` (L2 flush before each call, CUDA events,
+median call per round), candidates of a row in interleaved rounds with torch SDPA in the same rounds;
+median round.  Prints one JSON line per (stage, row, candidate) and a summary; writes
+$OUT/decode_ab.json when OUT is set.  ROUNDS (env, default 3) sets the rounds; ROWS (env, e.g.
+"1x8192,64x2048") limits the rows.
+
+    python .ci/decode_ab.py
+"""
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fa_amd  # noqa: E402
+from fa_amd import bench, bench_decode, tuning  # noqa: E402
+from fa_amd.arch import device_arch  # noqa: E402
+from fa_amd.tuning import tables  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", 3))
+# a CPU dry run (TRITON_INTERPRET=1, tiny rows) checks the plumbing: `python .ci/decode_ab.py --dry-run`
+DRY_RUN = "--dry-run" in sys.argv
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (BLOCK_N, num_warps, num_stages) for BLOCK_M = 16 (one KV group's 4 heads per tile at GQA 32/8)
+TILES = [None, (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3), (128, 8, 3),
+         (256, 8, 2)]
+SPLIT_RULES = [None, dict(programs_per_sm=1), dict(programs_per_sm=4), dict(programs_per_sm=8),
+               dict(min_blocks_per_split=1), dict(min_blocks_per_split=4), dict(min_blocks_per_split=8),
+               dict(max_splits=32), dict(efficiency=0.95), "no-split"]
+PAGES = [None, 16, 64, 256]
+
+
+def rows():
+    wanted = os.environ.get("ROWS")
+    out = bench_decode.decode_rows(smoke=DRY_RUN)
+    if wanted:
+        keep = {tuple(int(x) for x in item.split("x")) for item in wanted.split(",")}
+        out = [r for r in out if (r.batch, r.cache) in keep]
+    return out
+
+
+FAMILY = tuning.family_of(device_arch())
+PRISTINE_ROWS = [dict(r, decode=dict(r["decode"])) for r in tables.DECODE_TABLES[FAMILY]]
+PRISTINE_SPLITS = dict(tables.DECODE_SPLITS.get(FAMILY, tables.DECODE_SPLITS["default"]))
+
+
+def apply(tile=None, split_rule=None):
+    """Install a candidate in the tables (tile None / rule None: the tabled values)."""
+    for row, pristine in zip(tables.DECODE_TABLES[FAMILY], PRISTINE_ROWS):
+        row["decode"] = dict(pristine["decode"])
+    if tile is not None:
+        row = next(r for r in tables.DECODE_TABLES[FAMILY] if r["head_dim"] >= 128)
+        row["decode"].update(BLOCK_M=16, BLOCK_N=tile[0], num_warps=tile[1], num_stages=tile[2])
+    policy = dict(PRISTINE_SPLITS)
+    if isinstance(split_rule, dict):
+        policy.update(split_rule)
+    tables.DECODE_SPLITS[FAMILY] = policy
+    tuning._DECODE_RESOLVED.clear()
+
+
+def name_of(tile, rule, page):
+    parts = ["table" if tile is None else "16x%d/w%d/s%d" % tile]
+    if rule is not None:
+        parts.append(rule if isinstance(rule, str) else ",".join(f"{k}={v}" for k, v in rule.items()))
+    if page:
+        parts.append(f"page{page}")
+    return " ".join(parts)
+
+
+def make_call(row, q, k, v, tile, rule, page):
+    """fn() for one candidate: the settings are installed at each call (candidates alternate)."""
+    q_f = q.transpose(1, 2)
+    if page:
+        # the same keys, paged: (b, cache) slots -> pages of `page` slots, table in shuffled order
+        b, hk, s, d = k.shape
+        per_seq = math.ceil(s / page)
+        k_pages = torch.empty(b * per_seq, page, hk, d, dtype=k.dtype, device=k.device)
+        v_pages = torch.empty_like(k_pages)
+        order = torch.randperm(b * per_seq, device=k.device)
+        for i in range(b):
+            for src, dst_pages in ((k, k_pages), (v, v_pages)):
+                flat = src[i].transpose(0, 1)  # (s, hk, d)
+                padded = torch.nn.functional.pad(flat, (0, 0, 0, 0, 0, per_seq * page - s))
+                dst_pages[order[i * per_seq:(i + 1) * per_seq]] = padded.view(per_seq, page, hk, d)
+        table = order.view(b, per_seq).to(torch.int32)
+        lens = torch.full((b,), s, dtype=torch.int32, device=k.device)
+        splits = 1 if rule == "no-split" else 0
+
+        def call():
+            apply(tile, rule)
+            return fa_amd.flash_attn_with_kvcache(q_f, k_pages, v_pages, cache_seqlens=lens, block_table=table,
+                                                  num_splits=splits)
+        return call
+    k_f, v_f = k.transpose(1, 2), v.transpose(1, 2)
+    splits = 1 if rule == "no-split" else 0
+
+    def call():
+        apply(tile, rule)
+        return fa_amd.flash_attn_with_kvcache(q_f, k_f, v_f, num_splits=splits)
+    return call
+
+
+def round_ms(fn, calls):
+    if DEVICE == "cpu":
+        return bench.time_ms(fn, smoke=True)
+    return bench.gpu_round_ms(fn, (), calls)
+
+
+def time_row(row, candidates, with_sdpa=True):
+    """{candidate name: median-round GB/s} of one row, candidates (and SDPA) in interleaved rounds."""
+    q, k, v = bench_decode._decode_inputs(row, torch.bfloat16 if DEVICE == "cuda" else torch.float32, DEVICE)
+    calls = {name_of(*c): make_call(row, q, k, v, *c) for c in candidates}
+    if with_sdpa:
+        calls["sdpa"] = bench_decode._decode_call("sdpa", row, q, k, v, DEVICE)
+    per_round = {}
+    for name, fn in calls.items():  # compile, and size the rounds
+        fn()
+        per_round[name] = bench._calls_per_round(round_ms(fn, 3))
+    times = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(round_ms(calls[name], per_round[name]))
+    apply()
+    out = {}
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        gbs = row.kv_bytes() / (ms * 1e-3) / 1e9
+        out[name] = gbs
+        print(json.dumps(dict(row=row.label, candidate=name, us=round(ms * 1e3, 2), gbs=round(gbs, 1),
+                              rounds_us=[round(t * 1e3, 2) for t in ts])), flush=True)
+    del q, k, v, calls
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def main():
+    results = {"family": FAMILY, "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "stages": {}}
+    if DRY_RUN:
+        global TILES, SPLIT_RULES, PAGES
+        TILES, SPLIT_RULES, PAGES = [None, (16, 4, 1)], [None, "no-split", dict(programs_per_sm=4)], [None, 16]
+    the_rows = rows()
+    # 1. tiles
+    stage = {}
+    for row in the_rows:
+        stage[row.label] = time_row(row, [(t, None, None) for t in TILES])
+    results["stages"]["tiles"] = stage
+    scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values())) if name != "sdpa"}
+    best_tile_name = max(scores, key=scores.get)
+    best_tile = next(t for t in TILES if name_of(t, None, None) == best_tile_name)
+    print(f"# tiles by geometric-mean GB/s: " + ", ".join(f"{n} {s:.0f}" for n, s in
+                                                      sorted(scores.items(), key=lambda x: -x[1])), flush=True)
+    # 2. split rule on the winning tile (the rows where splits matter: batch 1 and 8)
+    stage = {}
+    for row in [r for r in the_rows if r.batch <= 8]:
+        stage[row.label] = time_row(row, [(best_tile, rule, None) for rule in SPLIT_RULES], with_sdpa=False)
+    results["stages"]["splits"] = stage
+    if stage:
+        scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))}
+        print("# split rules by geometric-mean GB/s: " + ", ".join(
+            f"{n} {s:.0f}" for n, s in sorted(scores.items(), key=lambda x: -x[1])), flush=True)
+    # 3. paging cost
+    stage = {}
+    paging_rows = ((1, 32768), (8, 8192), (8, 32768), (64, 2048), (64, 8192)) if not DRY_RUN else ((2, 70),)
+    for row in [r for r in the_rows if (r.batch, r.cache) in paging_rows]:
+        stage[row.label] = time_row(row, [(best_tile, None, page) for page in PAGES], with_sdpa=False)
+    results["stages"]["paging"] = stage
+    # per row: best candidate of stage 1 and its share of SDPA
+    print("# per row (stage 1): best tile, its GB/s, SDPA GB/s")
+    for label, cands in results["stages"]["tiles"].items():
+        best = max((n for n in cands if n != "sdpa"), key=cands.get)
+        print(f"#   {label:16s} {best:16s} {cands[best]:7.0f}  sdpa {cands.get('sdpa', 0):7.0f}  table "
+              f"{cands.get('table', 0):7.0f}", flush=True)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "decode_ab.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

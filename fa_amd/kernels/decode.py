@@ -1,0 +1,619 @@
+"""Split-KV decode attention over a KV cache (dense, packed varlen or paged), the in-place cache
+append (with fused rotary), the log-sum-exp merge of the splits, then the plain launchers.
+
+Rows of a tile are (query token, head-in-group) pairs of ONE KV head: with one query token the
+GROUP query heads of a KV group share a tile, so each K/V block is read once per group (not once
+per query head); with seqlen_q > 1 (speculative decoding, chunked prefill) the tokens fold into
+the rows too.  The key axis is split over programs (grid axis 0) so that a small batch still
+fills the GPU; `split_merge_kernel` combines the splits by their log-sum-exp.
+
+Key addressing modes (constexprs), one loop for all:
+  * dense cache (batch_cache, seqlen_cache, hk, d), row b or cache_batch_idx[b];
+  * packed varlen keys (total_k, hk, d) from cu_seqlens_k (the paged/seqused varlen route);
+  * paged cache (num_pages, page_size, hk, d): key j of sequence b lives in page
+    block_table[b, j // page_size] at slot j % page_size; the page size is a runtime int (any
+    multiple of 16), so caches of every page size share one compiled kernel.
+Keys [k_lo, k_end) of a sequence are attended: k_lo = cache_leftpad (0 without), k_end =
+cache_seqlens + seqlen_new (or the varlen length).  Causal / window / ALiBi positions are absolute
+key indices, diagonal at k_end - seqlen_q, which equals flash-attn's leftpad-relative convention.
+
+Memory safety never rests on the host: every device-provided index (cache_seqlens, leftpad,
+cache_batch_idx, block_table entries, cu_seqlens, rotary positions) is clamped into its tensor
+before it addresses memory, and an append whose target slot is outside the cache (or whose page
+or cache row is out of range) is dropped instead of written.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import arch_for, num_sms
+from ..tuning import get_decode_config, get_decode_split_policy
+from .blocks import dot_rows_nt, in_loop, key_ranges
+from .launch import cdiv, head_dim_padded, launch, new_output, score_args
+from .rotary import rotary_forward
+from .score_mods import LN2, LOG2E, alibi_slope_log2, score_log2, sink_init
+
+
+# --------------------------------------------------------------------------- rotary (shared by q and new k)
+
+@triton.jit
+def _rotate_rows(x, row_ptrs, row_ok, offs_d, pos, Cos, Sin, stride_cos, rot_half, seqlen_ro,
+                 INTERLEAVED: tl.constexpr):
+    """x [R, D] (loaded from row_ptrs [R, 1] + offs_d) rotated at positions pos [R], in fp32.
+
+    cos/sin are flash-attn's (seqlen_ro, rotary_dim / 2) tables; columns past rotary_dim pass through.
+    Column c pairs with its partner column (c ^ 1 interleaved, c +- rotary_dim/2 rotate-half)."""
+    in_rot = offs_d < 2 * rot_half
+    if INTERLEAVED:
+        freq = offs_d // 2
+        partner = offs_d ^ 1
+        sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
+    else:
+        first = offs_d < rot_half
+        freq = tl.where(first, offs_d, offs_d - rot_half)
+        partner = tl.where(first, offs_d + rot_half, offs_d - rot_half)
+        sign = tl.where(first, -1.0, 1.0)
+    ok = row_ok & in_rot[None, :]
+    pos = tl.minimum(tl.maximum(pos, 0), seqlen_ro - 1)  # positions come from device values: clamp
+    cs_off = pos[:, None].to(tl.int64) * stride_cos + freq[None, :]
+    cos = tl.load(Cos + cs_off, mask=ok, other=1.0).to(tl.float32)
+    sin = tl.load(Sin + cs_off, mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(row_ptrs + partner[None, :], mask=ok, other=0.0).to(tl.float32)
+    xf = x.to(tl.float32)
+    return tl.where(in_rot[None, :], xf * cos + sign[None, :] * xp * sin, xf)
+
+
+@triton.jit
+def _cache_row(BatchIdx, b, num_cache_rows, HAS_BATCH_IDX: tl.constexpr):
+    """Row of the dense cache that sequence b reads: b, or cache_batch_idx[b] clamped into the cache."""
+    if HAS_BATCH_IDX:
+        row = tl.minimum(tl.maximum(tl.load(BatchIdx + b).to(tl.int32), 0), num_cache_rows - 1)
+    else:
+        row = b
+    return row
+
+
+# --------------------------------------------------------------------------- append (+ rotary of the new keys)
+
+@triton.jit
+def kv_append_kernel(
+    KNew, VNew, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin,
+    seqlen_new, cache_seqlens_int, capacity, num_cache_rows, page_size,
+    stride_nb, stride_nt, stride_nh, stride_mb, stride_mt, stride_mh,
+    stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_btb, stride_cos, rot_half, seqlen_ro,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    SEQLENS_TENSOR: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
+    ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+):
+    """k/v[b, t] -> cache slot cache_seqlens[b] + t of sequence b (k rotated there when ROTARY)."""
+    pid_t = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    if SEQLENS_TENSOR:
+        base = tl.maximum(tl.load(CacheSeqlens + b).to(tl.int32), 0)
+    else:
+        base = b * 0 + cache_seqlens_int
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, D_PAD)
+    pos = base + offs_t
+    ok = (offs_t < seqlen_new) & (pos < capacity)
+    if PAGED:
+        page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + pos // page_size, mask=ok, other=-1)
+        ok = ok & (page >= 0) & (page < num_cache_rows)
+        row64 = tl.maximum(page, 0).to(tl.int64)
+        slot = pos % page_size
+    else:
+        if HAS_BATCH_IDX:  # an out-of-range row drops the write (the attention reads a clamped row)
+            row = tl.load(BatchIdx + b).to(tl.int32) + offs_t * 0
+            ok = ok & (row >= 0) & (row < num_cache_rows)
+            row64 = tl.maximum(row, 0).to(tl.int64)
+        else:
+            row64 = (b + offs_t * 0).to(tl.int64)
+        slot = pos
+    d_ok = offs_d[None, :] < HEAD_DIM
+    ok2 = ok[:, None] & d_ok
+    k_rows = KNew + b.to(tl.int64) * stride_nb + offs_t[:, None] * stride_nt + hk * stride_nh
+    v_rows = VNew + b.to(tl.int64) * stride_mb + offs_t[:, None] * stride_mt + hk * stride_mh
+    k = tl.load(k_rows + offs_d[None, :], mask=ok2, other=0.0)
+    if ROTARY:
+        k = _rotate_rows(k, k_rows, ok[:, None], offs_d, pos, Cos, Sin, stride_cos, rot_half, seqlen_ro,
+                         ROTARY_INTERLEAVED)
+    v = tl.load(v_rows + offs_d[None, :], mask=ok2, other=0.0)
+    k_dst = KCache + row64[:, None] * stride_kb + slot[:, None] * stride_kn + hk * stride_kh + offs_d[None, :]
+    v_dst = VCache + row64[:, None] * stride_vb + slot[:, None] * stride_vn + hk * stride_vh + offs_d[None, :]
+    tl.store(k_dst, k.to(KCache.dtype.element_ty), mask=ok2)
+    tl.store(v_dst, v.to(VCache.dtype.element_ty), mask=ok2)
+
+
+# --------------------------------------------------------------------------- split-KV attention
+
+@triton.jit
+def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_row, start, end,
+                  offs_n, offs_d, rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp,
+                  page_size, num_pages,
+                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if PAGED:
+            if MASK:
+                page = tl.load(BT_row + cols // page_size, mask=cols < k_end, other=0)
+            else:
+                page = tl.load(BT_row + cols // page_size)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+            slot = cols % page_size
+            k_off = page * stride_kp + slot * stride_kn
+            v_off = page * stride_vp + slot * stride_vn
+        else:
+            k_off = cols * stride_kn
+            v_off = cols * stride_vn
+        v_ptrs = V_base + v_off[:, None] + offs_d[None, :]
+        if RELOAD_CHUNK:
+            # q streamed from memory in head-dim chunks with each key block (register-bound RDNA)
+            qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
+                             rows_tok[:, None] < in_loop(q_len, start_n, end), K_base + k_off[:, None],
+                             cols[:, None] < k_end, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+        else:
+            kT_ptrs = K_base + k_off[None, :] + offs_d[:, None]
+            if MASK:
+                kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_end) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            elif D_PAD != HEAD_DIM:
+                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            else:
+                kT = tl.load(kT_ptrs)
+            qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        s, _ = score_log2(qk, rows_tok[:, None], cols[None, :], diag, k_end, qk_scale_log2, softcap_div,
+                          softcap_log2, slope_log2, win_left, win_right,
+                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        if MASK:
+            # keys before cache_leftpad (block starts are aligned below it)
+            s = tl.where(cols[None, :] >= k_lo, s, float("-inf"))
+            if HAS_KEY_MASK:
+                keep = tl.load(KM_row + cols, mask=cols < k_end, other=0)
+                s = tl.where(keep[None, :] != 0, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_shift = m_new
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASK:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < k_end) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif D_PAD != HEAD_DIM:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def decode_kernel(
+    Q, K, V, Out, Lse, OutPart, LsePart,
+    CuSeqlensQ, CacheSeqlens, CuSeqlensK, SeqUsedK, LeftPad, BatchIdx, BlockTable, KeyMask, Cos, Sin, Alibi,
+    seqlen_q, cache_seqlens_int, seqlen_new, capacity, num_cache_rows, page_size, n_splits, total_q, n_heads,
+    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    stride_btb, stride_kmb, stride_cos, stride_ab,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, rot_half, seqlen_ro,
+    GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q_VARLEN: tl.constexpr, K_LENS: tl.constexpr, K_PACKED: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr, SPLIT: tl.constexpr,
+    IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
+):
+    """One (KV head x row tile, key split, sequence) program.
+
+    K_LENS: where each sequence's key count comes from: 0 the int cache_seqlens_int, 1 the tensor
+    CacheSeqlens (both + seqlen_new, the appended keys), 2 cu_seqlens_k (varlen; SeqUsedK overrides).
+    K_PACKED: keys are packed varlen rows starting at cu_seqlens_k[b] (else row b of the cache, or
+    pages).  With SPLIT each program writes its normalized partial output and log2-sum-exp to
+    OutPart / LsePart (split, token, head), merged by split_merge_kernel; else Out / Lse directly.
+    Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
+    adds them instead, so each row counts its sink once.
+    """
+    n_kv_heads = n_heads // GROUP
+    hk = tl.program_id(0) % n_kv_heads
+    mt = tl.program_id(0) // n_kv_heads
+    split = tl.program_id(1)
+    b = tl.program_id(2)
+    b64 = b.to(tl.int64)
+
+    # ---- query rows of this tile: r = token * GROUP + head-in-group
+    if Q_VARLEN:
+        q_start = tl.minimum(tl.maximum(tl.load(CuSeqlensQ + b), 0), total_q)
+        q_len = tl.minimum(tl.load(CuSeqlensQ + b + 1), total_q) - q_start
+    else:
+        q_start = b * 0
+        q_len = b * 0 + seqlen_q
+    r0 = mt * BLOCK_M
+    if r0 >= q_len * GROUP:
+        return
+    offs_r = r0 + tl.arange(0, BLOCK_M)
+    tok = offs_r // GROUP
+    h = hk * GROUP + offs_r % GROUP
+    row_ok = tok < q_len
+    tok0 = r0 // GROUP
+
+    # ---- this sequence's keys: [k_lo, k_end) of a key space of `cap` slots
+    k_start = b * 0  # first packed row (K_PACKED)
+    cap = b * 0 + capacity
+    if K_LENS == 2:
+        c0 = tl.load(CuSeqlensK + b)
+        raw = tl.load(CuSeqlensK + b + 1) - c0
+        if K_PACKED:
+            k_start = tl.minimum(tl.maximum(c0, 0), capacity)
+            cap = capacity - k_start
+        if HAS_SEQUSED:
+            raw = tl.load(SeqUsedK + b)
+        rot_base = raw * 0
+    elif K_LENS == 1:
+        raw = tl.load(CacheSeqlens + b).to(tl.int32)
+        rot_base = tl.maximum(raw, 0)
+        raw = raw + seqlen_new
+    else:
+        raw = b * 0 + cache_seqlens_int
+        rot_base = raw
+        raw = raw + seqlen_new
+    k_end = tl.minimum(tl.maximum(raw, 0), cap)
+    k_lo = b * 0
+    if HAS_LEFTPAD:
+        k_lo = tl.minimum(tl.maximum(tl.load(LeftPad + b).to(tl.int32), 0), k_end)
+    diag = k_end - q_len
+
+    if PAGED:
+        row_base = 0
+        BT_row = BlockTable + b64 * stride_btb
+    else:
+        row = _cache_row(BatchIdx, b, num_cache_rows, HAS_BATCH_IDX)
+        row_base = row.to(tl.int64) * stride_kb + k_start.to(tl.int64) * stride_kn
+        BT_row = BlockTable  # unused
+    K_base = K + row_base + hk.to(tl.int64) * stride_kh
+    if PAGED:
+        V_base = V + hk.to(tl.int64) * stride_vh
+    else:
+        V_base = V + row.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    KM_row = KeyMask + b64 * stride_kmb
+
+    # ---- the key blocks this tile visits, then this split's share of them
+    lo, full_lo, full_hi, hi = key_ranges(tok0, q_len, k_end, diag, win_left, win_right,
+                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    lo = tl.maximum(lo, k_lo // BLOCK_N * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, (k_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N), hi)
+    full_hi = tl.maximum(full_hi, full_lo)
+    if HAS_KEY_MASK:
+        full_hi = full_lo  # every block takes the per-key mask
+    per_split = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per_split = (per_split + n_splits - 1) // n_splits * BLOCK_N
+    s_lo = tl.minimum(lo + split * per_split, hi)
+    s_hi = tl.minimum(s_lo + per_split, hi)
+    a1 = tl.minimum(tl.maximum(full_lo, s_lo), s_hi)
+    a2 = tl.minimum(tl.maximum(full_hi, a1), s_hi)
+
+    # ---- q tile (rotated in place of the load when rotary is fused)
+    if Q_VARLEN:
+        q_rows = Q + (q_start + tok).to(tl.int64) * stride_qm + h * stride_qh
+    else:
+        q_rows = Q + b64 * stride_qb + tok * stride_qm + h * stride_qh
+    offs_d = tl.arange(0, D_PAD)
+    q_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if RELOAD_CHUNK:
+        q = 0.0  # streamed per key block by _decode_inner (rotary is applied by the launcher then)
+    else:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=q_ok, other=0.0)
+    if ROTARY:
+        if ROTARY_PER_TOKEN:
+            pos = rot_base + tok
+        else:
+            pos = rot_base + tok * 0
+        q = _rotate_rows(q, q_rows[:, None], row_ok[:, None], offs_d, pos, Cos, Sin, stride_cos, rot_half,
+                         seqlen_ro, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
+
+    slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h[:, None], HAS_ALIBI)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        if not SPLIT:
+            m_i, l_i = sink_init(Sinks, h, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, s_lo, a1,
+                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
+                                  page_size, num_cache_rows,
+                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a1, a2,
+                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
+                                  page_size, num_cache_rows,
+                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a2, s_hi,
+                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
+                                  page_size, num_cache_rows,
+                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty_row, float("-inf"), m_i + tl.log2(tl.where(empty_row, 1.0, l_i)))
+    if SPLIT:
+        # (split, token, head) rows of the partial buffers; tokens are numbered over the whole batch
+        if Q_VARLEN:
+            t = q_start + tok
+        else:
+            t = b * seqlen_q + tok
+        part_row = (split.to(tl.int64) * total_q + t) * n_heads + h
+        tl.store(OutPart + part_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_ok)
+        tl.store(LsePart + part_row, lse2, mask=row_ok)
+    else:
+        o_rows = Out + (q_start + tok).to(tl.int64) * stride_om + b64 * stride_ob + h * stride_oh
+        tl.store(o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=q_ok)
+        # flash-attn convention: a row that sees no key has output 0 and lse +inf
+        lse = tl.where(empty_row, float("inf"), lse2 * LN2)
+        tl.store(Lse + b64 * stride_lb + h * stride_lh + q_start + tok, lse, mask=row_ok)
+
+
+@triton.jit
+def split_merge_kernel(
+    Out, Lse, OutPart, LsePart,
+    n_rows, n_heads, rows_per_seq, n_splits,
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
+):
+    """Out[token, head] = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (empty splits: w 0).
+
+    Rows are (token, head) pairs; a token t is (sequence t // rows_per_seq, position t % rows_per_seq)
+    (rows_per_seq = seqlen_q for dense q, and = total tokens for varlen q, whose Out has no batch axis)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, D_PAD)
+    ok = offs_r < n_rows
+    rows64 = offs_r.to(tl.int64)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in range(0, n_splits):
+        m = tl.maximum(m, tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf")))
+    if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
+        sink_log2 = tl.load(Sinks + offs_r % n_heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink_log2)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    if HAS_SINKS:
+        den = tl.exp2(sink_log2 - m_safe)
+    acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    for s in range(0, n_splits):
+        lse_s = tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf"))
+        live = lse_s != float("-inf")  # an empty split left its partial output unwritten
+        w = tl.where(live, tl.exp2(lse_s - m_safe), 0.0)
+        o = tl.load(OutPart + (s * n_rows + rows64)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=(ok & live)[:, None] & d_ok, other=0.0)
+        den += w
+        acc += w[:, None] * o
+    empty = den == 0.0
+    out = acc / tl.where(empty, 1.0, den)[:, None]
+    lse = tl.where(empty, float("inf"), (m_safe + tl.log2(tl.where(empty, 1.0, den))) * LN2)
+    t = offs_r // n_heads
+    h = offs_r % n_heads
+    seq = (t // rows_per_seq).to(tl.int64)
+    pos = t % rows_per_seq
+    tl.store(Out + seq[:, None] * stride_ob + pos[:, None].to(tl.int64) * stride_om + h[:, None] * stride_oh
+             + offs_d[None, :], out.to(Out.dtype.element_ty), mask=ok[:, None] & d_ok)
+    tl.store(Lse + seq * stride_lb + h * stride_lh + pos, lse, mask=ok)
+
+
+# --------------------------------------------------------------------------- launchers
+
+# Triton grid axes 1 and 2 (key splits, sequences) hold at most this many programs.
+_MAX_GRID_YZ = 65535
+
+
+def decode_num_splits(programs: int, key_blocks: int, sms: int, policy, requested: int = 0) -> int:
+    """Key splits per (KV head, row tile, sequence): `requested` when > 0 (at most one per key block),
+    else flash-attn 2's wave-efficiency rule with the family's tables.DECODE_SPLITS parameters."""
+    return _num_splits(programs, key_blocks, sms, tuple(policy.items()), requested)
+
+
+@functools.lru_cache(maxsize=1024)
+def _num_splits(programs: int, key_blocks: int, sms: int, policy_items: tuple, requested: int) -> int:
+    # memoized: the rule loops over every split count, and decode launches are host-bound
+    policy = dict(policy_items)
+    key_blocks = max(1, key_blocks)
+    if requested > 0:
+        return max(1, min(requested, key_blocks, _MAX_GRID_YZ))
+    slots = max(1, sms * policy["programs_per_sm"])
+    if programs >= policy["full_fraction"] * slots:
+        return 1
+    most = min(policy["max_splits"], max(1, key_blocks // policy["min_blocks_per_split"]), _MAX_GRID_YZ)
+    if most <= 1:
+        return 1
+
+    def efficiency(splits):
+        waves = programs * splits / slots
+        return waves / -(-waves // 1)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= policy["efficiency"] * best)
+
+
+def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
+              rotary_cos, rotary_sin, rotary_interleaved, cfg):
+    """Writes k/v (batch, seqlen_new, hk, d) into the caches at cache_seqlens (tensor, else the int),
+    through cache_batch_idx or the block table, rotating k when rotary_cos/sin are given.  No sync."""
+    batch, seqlen_new, hk, d = k.shape
+    if batch == 0 or seqlen_new == 0 or hk == 0:
+        return
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 1
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    rotary = rotary_cos is not None
+    kv_append_kernel[(cdiv(seqlen_new, cfg["BLOCK_M"]), hk, batch)](
+        k, v, k_cache, v_cache,
+        cache_seqlens if cache_seqlens is not None else k,
+        cache_batch_idx if cache_batch_idx is not None else k,
+        block_table if paged else k,
+        rotary_cos if rotary else k, rotary_sin if rotary else k,
+        seqlen_new, cache_seqlens_int or 0, capacity, k_cache.shape[0], page_size,
+        *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_table.stride(0) if paged else 0,
+        rotary_cos.stride(0) if rotary else 0, rotary_cos.shape[1] if rotary else 0,
+        rotary_cos.shape[0] if rotary else 1,
+        HEAD_DIM=d, D_PAD=head_dim_padded(d), BLOCK_T=cfg["BLOCK_M"],
+        SEQLENS_TENSOR=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
+        ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved),
+        **{k_: v_ for k_, v_ in cfg.items() if k_ != "BLOCK_M"})
+
+
+_SMS = {}
+
+
+def _sms(q) -> int:
+    """arch.num_sms, remembered per device (decode launches are host-bound)."""
+    key = q.device
+    if key not in _SMS:
+        _SMS[key] = num_sms(q)
+    return _SMS[key]
+
+
+def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
+    """q (b, sq, h, d) rotated at cache_seqlens (+ i per token), on the device, by the fused rotary kernel."""
+    batch, seqlen_q = q.shape[:2]
+    if cache_seqlens is not None:
+        base = cache_seqlens.to(torch.int64).clamp_min(0)[:, None]
+    else:
+        base = torch.full((batch, 1), cache_seqlens_int or 0, dtype=torch.int64, device=q.device)
+    pos = base + (torch.arange(seqlen_q, device=q.device)[None, :] if per_token else 0)
+    pos = pos.expand(batch, seqlen_q).clamp(0, cos.shape[0] - 1)
+    # rotary.py reads the first half of HF-style (b, s, rotary_dim) tables
+    cos_full, sin_full = (torch.cat([t[pos], t[pos]], dim=-1) for t in (cos, sin))
+    return rotary_forward(q, cos_full, sin_full, interleaved)
+
+
+def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                   cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
+                   cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
+                   key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                   rotary_per_token=False, num_splits=0, sinks=None):
+    """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
+    (fa_amd.kvcache checks them); device values are clamped in the kernels.
+
+    q: (batch, seqlen_q, hq, d), or (total_q, hq, d) with cu_seqlens_q / max_seqlen_q.
+    k_cache / v_cache: (batch_cache, capacity, hk, d) rows; with block_table (batch, pages per
+    sequence) (num_pages, page_size, hk, d) pages; with cu_seqlens_k and no block table, packed
+    (total_k, hk, d) keys.  Keys of sequence b: cache_seqlens[b] (or cache_seqlens_int, or the whole
+    capacity) + seqlen_new already-appended ones, or cu_seqlens_k / seqused_k lengths; from
+    cache_leftpad[b] on; key_mask (batch, >= keys) uint8 drops single keys; sinks: fp32 (hq,)
+    learnable sink logits.  lse: (batch, hq, seqlen_q) fp32, (hq, total_q) for varlen q.
+    """
+    q_varlen = cu_seqlens_q is not None
+    if q_varlen:
+        total_q, hq, d = q.shape
+        batch = cu_seqlens_q.numel() - 1
+        seqlen_q = max_seqlen_q
+    else:
+        batch, seqlen_q, hq, d = q.shape
+        total_q = batch * seqlen_q
+    paged = block_table is not None
+    packed = cu_seqlens_k is not None and not paged
+    hk = k_cache.shape[-2]
+    group = hq // hk
+    out = new_output(q, q.shape)
+    lse = new_output(q, (hq, total_q) if q_varlen else (batch, hq, seqlen_q), torch.float32)
+    if batch == 0 or seqlen_q == 0 or total_q == 0:
+        return out, lse
+    if paged:
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+        kv_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                      v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    elif packed:
+        page_size, capacity = 1, k_cache.shape[0]
+        kv_strides = (0, k_cache.stride(0), k_cache.stride(1), 0, v_cache.stride(0), v_cache.stride(1))
+    else:
+        page_size, capacity = 1, k_cache.shape[1]
+        kv_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                      v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    if cu_seqlens_k is not None:
+        k_lens = 2
+    elif cache_seqlens is not None:
+        k_lens = 1
+    else:
+        k_lens = 0
+        if cache_seqlens_int is None:  # the whole cache
+            cache_seqlens_int, seqlen_new = capacity, 0
+    d_pad = head_dim_padded(d)
+    arch = arch_for(q)
+    cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32)["decode"]
+    if seqlen_q * group > cfg["BLOCK_M"]:
+        cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True)["decode"]
+    n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
+    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q),
+                               get_decode_split_policy(arch), num_splits)
+    scalars, flags, _ = score_args(q, alibi_slopes, None, 0.0, softmax_scale, window_left, window_right, softcap,
+                                   seqlen_q, capacity)
+    flags.pop("HAS_DROPOUT")
+    rotary = rotary_cos is not None
+    if rotary and cfg["RELOAD_CHUNK"]:
+        # the reloading kernel streams q from memory: give it q already rotated (kernels/rotary.py)
+        q = _rotated_q(q, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token, cache_seqlens,
+                       cache_seqlens_int)
+        rotary = False
+    split = splits > 1
+    if split:
+        out_part = torch.empty((splits, total_q, hq, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((splits, total_q, hq), dtype=torch.float32, device=q.device)
+    else:
+        out_part = lse_part = lse
+    o_strides = (0, out.stride(0), out.stride(1)) if q_varlen else out.stride()[:3]
+    l_strides = (0, lse.stride(0)) if q_varlen else (lse.stride(0), lse.stride(1))
+    q_strides = (0, q.stride(0), q.stride(1)) if q_varlen else q.stride()[:3]
+    dummy = q
+    args = (
+        q, k_cache, v_cache, out, lse, out_part, lse_part,
+        cu_seqlens_q if q_varlen else dummy, cache_seqlens if cache_seqlens is not None else dummy,
+        cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
+        cache_leftpad if cache_leftpad is not None else dummy,
+        cache_batch_idx if cache_batch_idx is not None else dummy, block_table if paged else dummy,
+        key_mask if key_mask is not None else dummy,
+        rotary_cos if rotary else dummy, rotary_sin if rotary else dummy, scalars["Alibi"],
+        seqlen_q, cache_seqlens_int or 0, seqlen_new, capacity, k_cache.shape[0], page_size, splits, total_q, hq,
+        *q_strides, *kv_strides, *o_strides, *l_strides,
+        block_table.stride(0) if paged else 0, key_mask.stride(0) if key_mask is not None else 0,
+        rotary_cos.stride(0) if rotary else 0, scalars["stride_ab"],
+        scalars["qk_scale_log2"], scalars["softcap_div"], scalars["softcap_log2"], scalars["win_left"],
+        scalars["win_right"], rotary_cos.shape[1] if rotary else 0, rotary_cos.shape[0] if rotary else 1,
+    )
+    kwargs = dict(GROUP=group, HEAD_DIM=d, D_PAD=d_pad, Q_VARLEN=q_varlen, K_LENS=k_lens, K_PACKED=packed,
+                  HAS_SEQUSED=seqused_k is not None, HAS_LEFTPAD=cache_leftpad is not None,
+                  HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, HAS_KEY_MASK=key_mask is not None,
+                  ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved) and rotary,
+                  ROTARY_PER_TOKEN=bool(rotary_per_token) and rotary, SPLIT=split, **flags)
+    # sinks only when given: a launch without them compiles to the same code as before they existed
+    sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
+    kwargs.update(sink_kwargs)
+    # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
+    launch(decode_kernel, cfg, lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"]), (splits, batch), args, kwargs)
+    if split:
+        merge = get_decode_config(arch, d_pad, q.dtype == torch.float32)["merge"]
+        n_rows = total_q * hq
+        split_merge_kernel[(cdiv(n_rows, merge["BLOCK_M"]),)](
+            out, lse, out_part, lse_part, n_rows, hq, total_q if q_varlen else seqlen_q, splits,
+            *o_strides, *l_strides, HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"], **sink_kwargs,
+            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
+    return out, lse

@@ -1,0 +1,472 @@
+"""Decode-side public API: `flash_attn_with_kvcache` (flash-attn 2.x signature and semantics) and
+the paged / `seqused_k` route of `flash_attn_varlen_func`, with all their argument checking; the
+split-KV kernels are fa_amd/kernels/decode.py.  Re-exported by fa_amd.interface and fa_amd.
+
+Forward only, as in flash-attn.  No host synchronisation on the default path (graphs capture it,
+torch.compile sees two custom ops): shapes, dtypes and devices are checked on the host, and device
+values (cache_seqlens, cache_batch_idx, cache_leftpad, block_table entries) only where that costs
+no sync (CPU tensors, i.e. the interpreter) or when FA_AMD_CHECK_KVCACHE=1 (one device->host copy
+per tensor version, memoized; skipped under graph capture and torch.compile).  The kernels clamp
+every such index, so unchecked bad values never read or write outside the tensors.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .arch import INTERPRET, arch_for, check_interpreter_supported
+from .interface import (MAX_HEAD_DIM, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks, _check_tensor,
+                        _normalize_scalars)
+from .kernels.decode import decode_forward, kv_append
+from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
+from .memo import memo_per_tensor
+from .tuning import get_decode_config
+
+# "1": also check the values of device index tensors (one device->host copy per tensor version)
+CHECK_KVCACHE_ENV = "FA_AMD_CHECK_KVCACHE"
+PAGE_MULTIPLE = 16
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------- custom ops (torch.compile)
+
+@torch.library.custom_op("fa_amd::kvcache_append", mutates_args=("k_cache", "v_cache"))
+def _append_op(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
+               cache_seqlens_int: Optional[int], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+               rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool) -> None:
+    _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
+            rotary_sin, rotary_interleaved)
+
+
+@_append_op.register_fake
+def _(k, v, k_cache, v_cache, *args):
+    return None
+
+
+@torch.library.custom_op("fa_amd::decode_fwd", mutates_args=())
+def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, softmax_scale: float, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+               max_seqlen_q: Optional[int], cache_seqlens: Optional[Tensor], cache_seqlens_int: Optional[int],
+               seqlen_new: int, cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
+               cache_leftpad: Optional[Tensor], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+               key_mask: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+               rotary_interleaved: bool, rotary_per_token: bool, num_splits: int,
+               sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                          cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
+                          seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
+                          rotary_interleaved, rotary_per_token, num_splits, sinks)
+
+
+@_decode_op.register_fake
+def _(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, *args):
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
+def _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
+            rotary_sin, rotary_interleaved):
+    cfg = get_decode_config(arch_for(k), head_dim_padded(k.shape[-1]), k.dtype == torch.float32)["append"]
+    kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
+              rotary_sin, rotary_interleaved, cfg)
+
+
+def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes=None,
+                     cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
+                     cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
+                     key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                     rotary_per_token=False, num_splits=0, sinks=None):
+    """(out, lse) of the decode kernel on already-checked arguments: the custom op while
+    torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward)."""
+    fn = _decode_op if torch.compiler.is_compiling() else decode_forward
+    return fn(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+              max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k, seqused_k, cache_leftpad,
+              cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token,
+              num_splits, sinks)
+
+
+def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
+                      cache_seqlens=None, block_table=None, sinks=None):
+    """flash_attn_with_kvcache's append + attention for a caller that vouches for its arguments and
+    whose device values may be out of range on purpose: Transformers' continuous batching pads a batch
+    with sequences of cache_seqlens -1 and block-table entries -1, which the kernels clamp (reads) or
+    drop (writes).  No host-side value checks, no sync.  Returns out."""
+    for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        if t is not None and t.shape[0] != q.shape[0]:  # the kernels index them by sequence
+            raise ValueError(f"{name} has {t.shape[0]} rows for {q.shape[0]} sequences")
+    if k is not None:
+        append = _append_op if torch.compiler.is_compiling() else _append
+        append(k, v, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, False)
+    out, _ = decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap,
+                              cache_seqlens=cache_seqlens, seqlen_new=0 if k is None else k.shape[1],
+                              block_table=block_table, sinks=sinks)
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_values_now(t: torch.Tensor) -> bool:
+    """Whether a device tensor's values are checked on the host for this call (see the module doc)."""
+    if torch.compiler.is_compiling():
+        return False
+    if t.device.type == "cpu":
+        return True
+    if os.environ.get(CHECK_KVCACHE_ENV, "0") != "1":
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _check_index(name: str, t, batch: int, q, dtypes=_INDEX_DTYPES, shape=None):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        what = "an int, an int32 torch.Tensor or None" if name == "cache_seqlens" else "a torch.Tensor or None"
+        raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+    want = shape or (batch,)
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"{name} must have shape {tuple(want)}, got {tuple(t.shape)}")
+    _check_device(name, t, q)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _minmax(t: torch.Tensor):
+    return tuple(torch.stack([t.min(), t.max()]).tolist()) if t.numel() else (0, 0)
+
+
+def _check_grad(what: str, **tensors):
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(
+                f"{what} is forward-only (as in flash-attn) but {name} requires grad; call it under "
+                f"torch.no_grad() / torch.inference_mode(), or train with flash_attn_func / flash_attn_varlen_func "
+                f"on contiguous k/v")
+
+
+def _check_common(q, k_cache, v_cache, paged: bool):
+    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
+              else "(batch_size_cache, seqlen_cache, nheads_k, headdim)")
+    _check_tensor("k_cache", k_cache, 4, layout)
+    _check_tensor("v_cache", v_cache, 4, layout)
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    _check_device("k_cache", k_cache, q)
+    _check_device("v_cache", v_cache, q)
+    _check_runtime(q)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head) dimension (it is updated in place)")
+    d = q.shape[-1]
+    if k_cache.shape[-1] != d:
+        raise ValueError(f"q and k_cache must share the head dim, got {d} and {k_cache.shape[-1]}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    hq, hk = q.shape[2], k_cache.shape[2]
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"nheads of q ({hq}) must be a multiple of nheads of k_cache/v_cache ({hk})")
+    if hq > MAX_GRID_YZ:
+        raise ValueError(f"at most {MAX_GRID_YZ} query heads are supported, got {hq}")
+
+
+def _check_runtime(q):
+    check_interpreter_supported()
+    if q.device.type == "cpu" and not INTERPRET:
+        raise ValueError(
+            "q is a CPU tensor but fa_amd's kernels need a GPU; on a machine without one, set "
+            "TRITON_INTERPRET=1 before importing fa_amd to run them through Triton's interpreter")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
+
+
+def _check_block_table(block_table, batch: int, k_cache, q):
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have shape (batch={batch}, max_num_blocks_per_seq), got "
+                         f"{tuple(block_table.shape)}")
+    if block_table.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"block_table must be an int32 tensor, got {block_table.dtype}")
+    _check_device("block_table", block_table, q)
+    page_size = k_cache.shape[1]
+    if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
+        raise ValueError(f"the page size (k_cache.shape[1] with a block_table) must be a positive multiple of "
+                         f"{PAGE_MULTIPLE}, got {page_size}")
+    if k_cache.shape[0] == 0:
+        raise ValueError("k_cache has no pages (num_blocks = 0) but a block_table was given")
+    return block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+
+
+def _check_block_entries(block_table, ends, num_pages: int, page_size: int):
+    """block_table entries a sequence reads or writes (its first ceil(end / page_size) pages) in range."""
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < (
+        (ends.to(torch.int64)[:, None] + page_size - 1) // page_size)
+    entries = block_table[used]
+    lo, hi = _minmax(entries)
+    if lo < 0 or hi >= num_pages:
+        raise ValueError(f"block_table entries must be in [0, {num_pages}) (the pages of k_cache), got values in "
+                         f"[{lo}, {hi}]")
+
+
+def _check_rotary(rotary_cos, rotary_sin, k, d: int, capacity: int, q):
+    if rotary_cos is None and rotary_sin is None:
+        return None, None
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if k is None:
+        raise ValueError("rotary_cos/rotary_sin need the new k and v to append (flash-attn rotates only new keys)")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must have shape (seqlen_ro, rotary_dim / 2), got {tuple(t.shape)}")
+        _check_device(name, t, q)
+    if rotary_cos.shape != rotary_sin.shape:
+        raise ValueError(f"rotary_cos {tuple(rotary_cos.shape)} and rotary_sin {tuple(rotary_sin.shape)} must "
+                         f"have the same shape")
+    seqlen_ro, half = rotary_cos.shape
+    if half == 0 or 2 * half > d:
+        raise ValueError(f"rotary dim (2 x rotary_cos.shape[1] = {2 * half}) must be in [2, head dim {d}]")
+    if seqlen_ro < capacity:
+        raise ValueError(f"rotary_cos/rotary_sin cover {seqlen_ro} positions but the KV cache holds {capacity}; "
+                         f"they must cover every cache position")
+    return (rotary_cos if rotary_cos.stride(-1) == 1 else rotary_cos.contiguous(),
+            rotary_sin if rotary_sin.stride(-1) == 1 else rotary_sin.contiguous())
+
+
+def _check_new_kv(k, v, q, k_cache, capacity: int):
+    if k is None and v is None:
+        return 0
+    if k is None or v is None:
+        raise ValueError("k and v (the new keys/values to append) must be given together")
+    batch, _, _, d = q.shape
+    hk = k_cache.shape[2]
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(name, t, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        if t.dtype != k_cache.dtype:
+            raise TypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {t.dtype}")
+        _check_device(name, t, q)
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[2] != hk or k.shape[3] != d:
+        raise ValueError(f"k and v must both have shape (batch={batch}, seqlen_new, nheads_k={hk}, headdim={d}), "
+                         f"got {tuple(k.shape)} and {tuple(v.shape)}")
+    seqlen_new = k.shape[1]
+    if seqlen_new > capacity:
+        raise ValueError(f"the KV cache is too small for the append: {seqlen_new} new tokens (k.shape[1]) but the "
+                         f"cache holds {capacity} per sequence")
+    return seqlen_new
+
+
+def _contiguous_last(x):
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
+# --------------------------------------------------------------------------- flash_attn_with_kvcache
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            sinks=None, s_aux=None):
+    """Attention of q over a KV cache, appending k/v first (flash-attn 2.x semantics), forward only.
+
+    q: (batch, seqlen_q, nheads, headdim).  k_cache / v_cache: (batch_size_cache, seqlen_cache,
+    nheads_k, headdim), or with block_table (num_blocks, page_block_size, nheads_k, headdim) pages,
+    page_block_size any multiple of 16.  k / v: (batch, seqlen_new, nheads_k, headdim), written in
+    place at cache_seqlens (through cache_batch_idx / block_table) before attending; cache_seqlens
+    (int or int32 (batch,)) is never modified.  rotary_cos / rotary_sin: (seqlen_ro, rotary_dim / 2);
+    new k is rotated at cache_seqlens + i, q at cache_seqlens + i when causal or local, else at
+    cache_seqlens.  cache_leftpad (batch,): each row's keys start there.  block_table: (batch,
+    max_num_blocks_per_seq) int32.  Causal is bottom-right aligned.  num_splits: 0 = heuristic from
+    the GPU's SM/CU count, 1 = no split.  Returns out, and (out, softmax_lse (batch, nheads,
+    seqlen_q) fp32) with return_softmax_lse.  sinks (alias s_aux): (nheads,) learnable sink logits, as
+    in flash_attn_func (fa_amd's extension).  No host synchronisation: CUDA/HIP graphs capture it.
+    """
+    paged = block_table is not None
+    _check_common(q, k_cache, v_cache, paged)
+    batch, seqlen_q, hq, d = q.shape
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"batch size must be at most {MAX_GRID_YZ}, got {batch}")
+    if paged:
+        block_table = _check_block_table(block_table, batch, k_cache, q)
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table (paged KV): the block table "
+                             "already says which pages each sequence uses")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+    seqlen_new = _check_new_kv(k, v, q, k_cache, capacity)
+    _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
+    _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
+                                                         False)
+    for name, flag in (("rotary_interleaved", rotary_interleaved), ("return_softmax_lse", return_softmax_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
+    alibi_slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    sinks = _check_sinks(sinks, s_aux, q, hq)
+
+    # cache_seqlens: an int (checked here) or an int32 (batch,) tensor (clamped in the kernels)
+    cache_seqlens_int = None
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = int(cache_seqlens)  # numpy ints too
+    if cache_seqlens is None:
+        if seqlen_new:
+            raise ValueError("cache_seqlens is required when k/v are appended (where should they go?)")
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity - seqlen_new:
+            raise ValueError(f"cache_seqlens = {cache_seqlens} (+ {seqlen_new} new tokens) does not fit the KV cache "
+                             f"of {capacity} slots per sequence")
+        cache_seqlens_int, cache_seqlens = cache_seqlens, None
+    else:
+        cache_seqlens = _check_index("cache_seqlens", cache_seqlens, batch, q)
+    cache_batch_idx = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
+    cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
+    if not paged and cache_batch_idx is None and k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {batch}; pass cache_batch_idx "
+                         f"to pick rows")
+    rotary_cos, rotary_sin = _check_rotary(rotary_cos, rotary_sin, k, d, capacity, q)
+    if not paged and not row_offsets_fit(capacity, k_cache.stride(1), d):
+        raise ValueError(f"k_cache rows of {capacity} slots x token stride {k_cache.stride(1)} exceed the 2**31 "
+                         f"elements fa_amd addresses within one cache row; use a paged cache (block_table)")
+    _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, cache_batch_idx, cache_leftpad,
+                        block_table, k_cache, batch)
+
+    q = _contiguous_last(q)
+    k, v = _contiguous_last(k), _contiguous_last(v)
+    if seqlen_new:
+        append = _append_op if torch.compiler.is_compiling() else _append
+        append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
+               rotary_sin, rotary_interleaved)
+    local = tuple(window_size) != (-1, -1)
+    out, lse = decode_attention(
+        q, k_cache, v_cache, scale, left, right, softcap, alibi_slopes,
+        cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
+        cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, cache_batch_idx, cache_leftpad,
+                        block_table, k_cache, batch):
+    """Range checks of device index values where they cost no sync (see the module doc)."""
+    if cache_seqlens is not None and _check_values_now(cache_seqlens):
+        lo, hi = memo_per_tensor(cache_seqlens, "kvcache_minmax", _minmax)
+        if lo < 0 or hi + seqlen_new > capacity:
+            what = "the KV cache is too small for the append: " if seqlen_new else ""
+            raise ValueError(f"{what}cache_seqlens values must be in [0, {capacity - seqlen_new}] (the cache holds "
+                             f"{capacity} slots per sequence, {seqlen_new} new tokens), got values in [{lo}, {hi}]")
+    if cache_batch_idx is not None and _check_values_now(cache_batch_idx):
+        lo, hi = memo_per_tensor(cache_batch_idx, "kvcache_minmax", _minmax)
+        if lo < 0 or hi >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx entries must be in [0, {k_cache.shape[0]}) (the rows of k_cache), got "
+                             f"values in [{lo}, {hi}]")
+    if cache_leftpad is not None and _check_values_now(cache_leftpad):
+        ends = _ends(cache_seqlens, cache_seqlens_int, capacity, batch, cache_leftpad.device)
+        if bool(((cache_leftpad < 0) | (cache_leftpad > ends)).any()):
+            raise ValueError("cache_leftpad entries must be in [0, cache_seqlens] (where each row's keys start)")
+    if block_table is not None and _check_values_now(block_table):
+        ends = _ends(cache_seqlens, cache_seqlens_int, capacity, batch, block_table.device) + seqlen_new
+        _check_block_entries(block_table, ends.clamp(0, capacity), k_cache.shape[0], k_cache.shape[1])
+
+
+def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
+    if cache_seqlens is not None:
+        return cache_seqlens.to(torch.int64)
+    value = capacity if cache_seqlens_int is None else cache_seqlens_int
+    return torch.full((batch,), value, dtype=torch.int64, device=device)
+
+
+# --------------------------------------------------------------------------- varlen with block_table / seqused_k
+
+def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                            softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                            block_table, seqused_k, sinks=None, s_aux=None):
+    """flash_attn_varlen_func with block_table (paged k/v: (num_blocks, page_block_size, nheads_k,
+    headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
+    and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
+    Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel."""
+    paged = block_table is not None
+    _check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    layout = ("(num_blocks, page_block_size, nheads_k, headdim) when block_table is given" if paged
+              else "(total_k, nheads_k, headdim)")
+    _check_tensor("k", k, 4 if paged else 3, layout)
+    _check_tensor("v", v, 4 if paged else 3, layout)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    _check_device("k", k, q)
+    _check_device("v", v, q)
+    _check_runtime(q)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    d, hq, hk = q.shape[-1], q.shape[-2], k.shape[-2]
+    if k.shape[-1] != d:
+        raise ValueError(f"q, k and v must share the head dim, got {d} and {k.shape[-1]}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"nheads of q ({hq}) must be a multiple of nheads of k/v ({hk})")
+    if hq > MAX_GRID_YZ:
+        raise ValueError(f"at most {MAX_GRID_YZ} query heads are supported, got {hq}")
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 with block_table/seqused_k (that path is forward-only "
+                         f"inference), got {dropout_p!r}")
+    if return_attn_probs:
+        raise ValueError("return_attn_probs=True is not supported with block_table/seqused_k")
+    _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
+                                                         False)
+    _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v)
+    for name, t in (("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head) dimension")
+    if not isinstance(cu_seqlens_q, torch.Tensor):
+        raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
+    batch = cu_seqlens_q.numel() - 1
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
+    if paged:
+        block_table = _check_block_table(block_table, batch, k, q)
+        capacity = block_table.shape[1] * k.shape[1]
+        if max_seqlen_k > capacity:
+            raise ValueError(f"max_seqlen_k = {max_seqlen_k} exceeds the {block_table.shape[1]} pages x {k.shape[1]} "
+                             f"slots a block_table row addresses")
+        total_k = batch * capacity
+    else:
+        capacity = total_k = k.shape[0]
+        if not row_offsets_fit(max_seqlen_k, k.stride(0), d):
+            raise ValueError(f"max_seqlen_k = {max_seqlen_k} x token stride {k.stride(0)} exceeds the 2**31 "
+                             f"elements fa_amd addresses within one sequence")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k", q)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    seqused_k = _check_index("seqused_k", seqused_k, batch, q, dtypes=(torch.int32,))
+    alibi_slopes = _check_alibi(alibi_slopes, q, batch, hq)
+    sinks = _check_sinks(sinks, s_aux, q, hq)
+    if seqused_k is not None and _check_values_now(seqused_k):
+        lo, hi = memo_per_tensor(seqused_k, "kvcache_minmax", _minmax)
+        if lo < 0 or hi > max_seqlen_k:
+            raise ValueError(f"seqused_k entries must be in [0, max_seqlen_k = {max_seqlen_k}], got values in "
+                             f"[{lo}, {hi}]")
+    if paged and _check_values_now(block_table):
+        lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k
+        _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])
+    out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
+                                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
+                                seqused_k=seqused_k, block_table=block_table, sinks=sinks)
+    return out

@@ -1,0 +1,480 @@
+"""flash_attn_with_kvcache and the paged / seqused_k varlen route vs the float64 reference
+(fa_amd.reference.attention_kvcache_ref), over flash-attn's kvcache grid.
+
+CPU (interpreter): a covering design of small odd shapes -- every option value appears, and the
+risky pairs (paged x append x rotary, leftpad x causal, splits x paged, seqlen_q > 1 x rotary x
+causal/local, cache_batch_idx x append) combine -- fp16 and fp32.  GPU (@gpu): a wider sampled grid
+in bf16/fp16 at realistic cache lengths, and CUDA-graph capture with cache_seqlens changed in place.
+After an append, k_cache must match the expected cache (rotary rounding aside) and v_cache exactly.
+"""
+import math
+import random
+
+import pytest
+import torch
+
+import fa_amd
+from fa_amd import kvcache
+from fa_amd.kernels import decode, launch
+from fa_amd.reference import attention_kvcache_ref, attention_paged_varlen_ref, attention_varlen_ref
+
+from .helpers import assert_close_to_ref, cu_seqlens
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+
+
+def make_case(device, dtype=torch.float16, b=2, sq=1, hq=4, hk=2, d=64, cache=37, new=0, rot=0.0, interleaved=False,
+              page=None, batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, softcap=0.0,
+              splits=1, seqlens="tensor", sinks=False, seed=0):
+    """Inputs of one flash_attn_with_kvcache call (random, never zero) and the kwargs both sides take."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    q = rnd(b, sq, hq, d)
+    rows = 2 * b + 1 if batch_idx else b
+    block_table = None
+    if page:
+        pages_per_seq = math.ceil(cache / page)
+        num_pages = b * pages_per_seq + 3  # spare pages nobody uses
+        k_cache, v_cache = rnd(num_pages, page, hk, d), rnd(num_pages, page, hk, d)
+        block_table = torch.randperm(num_pages, generator=gen)[: b * pages_per_seq].view(b, pages_per_seq)
+        block_table = block_table.to(torch.int32).to(device)
+        capacity = pages_per_seq * page
+    else:
+        k_cache, v_cache = rnd(rows, cache, hk, d), rnd(rows, cache, hk, d)
+        capacity = cache
+    k = v = None
+    if new:
+        k, v = rnd(b, new, hk, d), rnd(b, new, hk, d)
+    lens = torch.randint(0 if new else 1, capacity - new + 1, (b,), generator=gen, dtype=torch.int32)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    if seqlens == "int":
+        kw["cache_seqlens"] = int(lens[0])
+    elif seqlens == "tensor":
+        kw["cache_seqlens"] = lens.to(device)
+    if leftpad:
+        kw["cache_leftpad"] = torch.stack([torch.randint(0, int(n) + 1, (), generator=gen) for n in lens]).to(
+            torch.int32).to(device)
+    if batch_idx:
+        kw["cache_batch_idx"] = torch.randperm(rows, generator=gen)[:b].to(torch.int32).to(device)
+    if block_table is not None:
+        kw["block_table"] = block_table
+    rotary_dim = int(rot * d) // 2 * 2
+    if rotary_dim:
+        angle = torch.rand(capacity, rotary_dim // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
+        kw.update(rotary_cos=angle.cos().to(dtype).to(device), rotary_sin=angle.sin().to(dtype).to(device),
+                  rotary_interleaved=interleaved)
+    if alibi == "heads":
+        kw["alibi_slopes"] = (torch.rand(hq, generator=gen) * 0.3).to(device)
+    elif alibi == "batch_heads":
+        kw["alibi_slopes"] = (torch.rand(b, hq, generator=gen) * 0.3).to(device)
+    if sinks:  # learnable sinks (gpt-oss); one head without (-inf)
+        logits = torch.randn(hq, generator=gen) * 2
+        logits[-1] = float("-inf")
+        kw["sinks"] = logits.to(device)
+    return q, k_cache, v_cache, k, v, kw, splits
+
+
+def check_case(device, **case):
+    q, k_cache, v_cache, k, v, kw, splits = make_case(device, **case)
+    dtype = q.dtype
+    ref64, lse64, k_expected, v_expected = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    seqlens = kw.get("cache_seqlens")
+    seqlens_before = seqlens.clone() if isinstance(seqlens, torch.Tensor) else seqlens
+    out, lse = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, num_splits=splits, return_softmax_lse=True,
+                                              **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+    # rows that see no key: lse +inf (flash-attn); elsewhere the fp32 log-sum-exp
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse64))
+    live = torch.isfinite(lse64)
+    if live.any():
+        assert (lse.double()[live] - lse64[live]).abs().max().item() < 1e-3 * max(1.0, lse64[live].abs().max().item())
+    if k is not None:
+        torch.testing.assert_close(k_cache.double(), k_expected.double(), atol=1e-3, rtol=1e-3)
+        assert torch.equal(v_cache, v_expected)
+    else:
+        assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
+    if isinstance(seqlens, torch.Tensor):
+        assert torch.equal(seqlens, seqlens_before), "cache_seqlens must never be modified"
+
+
+# Covering design: every value of every option, and the pairs that share code paths that can go
+# wrong together.  (Each case costs ~0.5 s in the interpreter.)
+CPU_CASES = {
+    "mha_d32": dict(hq=4, hk=4, d=32),
+    "append1_d59_heuristic_splits": dict(d=59, new=1, splits=0),
+    "append3_sq3_causal_rot_neox": dict(sq=3, new=3, causal=True, rot=1.0),
+    "append2_sq2_causal_rot_half_gptj_mqa_d80": dict(sq=2, new=2, causal=True, rot=0.5, interleaved=True, hk=1, d=80),
+    "paged16_d128_splits3": dict(page=16, d=128, splits=3, cache=70),
+    "paged48_append_rot_gptj_causal_sq2": dict(page=48, new=2, rot=1.0, interleaved=True, causal=True, sq=2, cache=60),
+    "paged32_append_leftpad_causal_alibi_splits2": dict(page=32, new=1, leftpad=True, causal=True, alibi="heads",
+                                                        splits=2, cache=50),
+    "batch_idx_append_d256": dict(batch_idx=True, new=2, d=256, cache=24),
+    "batch_idx_leftpad_sq4_causal_local": dict(batch_idx=True, leftpad=True, sq=4, causal=True, window=(6, 0)),
+    "leftpad_local_sq3_append_rot_half": dict(leftpad=True, window=(5, 2), sq=3, new=3, rot=0.5),
+    "noncausal_rot_q_at_cache_end_alibi": dict(sq=2, new=2, rot=1.0, alibi="batch_heads"),
+    "softcap_causal_paged16_splits2_d32": dict(softcap=3.0, causal=True, page=16, splits=2, d=32),
+    "softcap_window_left_sq3_mqa": dict(softcap=2.0, window=(4, -1), sq=3, hk=1, hq=3),
+    "gqa3_sq6_wide_rows_causal_append_splits2": dict(hq=6, hk=2, sq=6, new=6, causal=True, splits=2),
+    "seqlen_new_lt_seqlen_q_causal": dict(sq=3, new=1, causal=True, rot=1.0),
+    "paged32_d256_rot_half_append_causal": dict(page=32, d=256, rot=0.5, new=1, causal=True, cache=40),
+    "alibi_batch_heads_d80_local_causal": dict(d=80, alibi="batch_heads", causal=True, window=(3, 0), sq=2),
+    "int_cache_seqlens_append_rot": dict(seqlens="int", new=2, rot=1.0, interleaved=True),
+    "whole_cache_no_seqlens": dict(seqlens=None, sq=2, causal=True),
+    "fp32_d128_paged16_append_rot_splits2": dict(dtype=torch.float32, d=128, page=16, new=1, rot=1.0, splits=2),
+    "fp32_d59_batch_idx_leftpad_causal": dict(dtype=torch.float32, d=59, batch_idx=True, leftpad=True, causal=True,
+                                              sq=2),
+    "many_splits_more_than_blocks": dict(splits=64, new=1, causal=True, cache=45),
+    "sinks_no_split_causal_sq3": dict(sinks=True, sq=3, causal=True, seed=4),
+    "sinks_split_paged_append": dict(sinks=True, splits=3, page=16, new=1, cache=40),
+}
+
+
+@pytest.mark.parametrize("case", list(CPU_CASES))
+def test_kvcache_grid(device, case):
+    check_case(device, **CPU_CASES[case])
+
+
+@pytest.mark.parametrize("case", ["append_rot_causal_sq2", "paged_leftpad_alibi_d59"])
+def test_reload_chunk_kernel(device, monkeypatch, case):
+    """The register-light variant (tables RELOAD_CHUNK, RDNA rows): q streamed in head-dim chunks;
+    with rotary the launcher rotates q first (kernels/rotary.py)."""
+    from fa_amd import tuning
+    from fa_amd.tuning import tables
+
+    family = tuning._decode_family(fa_amd.arch.arch_for(torch.empty(0, device=device)))
+    rows = [dict(r, decode=dict(r["decode"], RELOAD_CHUNK=16)) for r in tables.DECODE_TABLES[family]]
+    monkeypatch.setitem(tables.DECODE_TABLES, family, rows)
+    monkeypatch.setattr(tuning, "_DECODE_RESOLVED", {})
+    cases = {"append_rot_causal_sq2": dict(new=2, rot=1.0, interleaved=True, causal=True, sq=2),
+             "paged_leftpad_alibi_d59": dict(page=16, d=59, leftpad=True, alibi="heads", causal=True, sq=3,
+                                             splits=2)}
+    check_case(device, **cases[case])
+
+
+def test_rows_without_keys_give_zero_and_inf_lse(device):
+    # causal with more query tokens than keys (and an empty cache row): flash-attn's convention
+    for splits in (1, 2):
+        check_case(device, sq=3, cache=12, seqlens="tensor", causal=True, splits=splits, seed=3)
+        # with sinks such rows get lse = sink (and output 0)
+        check_case(device, sq=3, cache=12, seqlens="tensor", causal=True, splits=splits, sinks=True, seed=3)
+    q, k_cache, v_cache, _, _, kw, _ = make_case(device, sq=2, cache=8)
+    kw["cache_seqlens"] = torch.zeros(2, dtype=torch.int32, device=device)
+    out, lse = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True, **kw)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse > 0).all()
+
+
+def test_block_table_padding_entries_past_the_sequence_are_never_used(device):
+    # Transformers' continuous batching fills unused block-table slots with -1
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, page=16, cache=64, new=1, causal=True, seed=5)
+    lens = kw["cache_seqlens"]
+    table = kw["block_table"].clone()
+    for row, n in enumerate(lens.tolist()):
+        table[row, math.ceil((n + 1) / 16):] = -1
+    ref, _, k_exp, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    kw["block_table"] = table
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(k_cache.double(), k_exp.double(), atol=1e-3, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------- varlen: block_table / seqused_k
+
+@pytest.mark.parametrize("page,causal,window", [(16, True, (-1, -1)), (48, False, (7, 3))])
+def test_varlen_block_table(device, page, causal, window):
+    torch.manual_seed(0)
+    lens_q, lens_k = [3, 0, 1, 20], [10, 5, 33, 20]  # an empty query segment; chunked prefill on a cache
+    hq, hk, d, dtype = 4, 2, 40, torch.float16
+    per_seq = max(math.ceil(n / page) for n in lens_k)
+    num_pages = len(lens_k) * per_seq + 2
+    k_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
+    v_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
+    table = torch.randperm(num_pages, device=device)[: len(lens_k) * per_seq].view(len(lens_k), per_seq).int()
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = torch.randn(sum(lens_q), hq, d, device=device).to(dtype)
+    kw = dict(causal=causal, window_size=window)
+    out = fa_amd.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
+                                        block_table=table, **kw)
+    ref64, _ = attention_paged_varlen_ref(q, k_pages, v_pages, cu_q, cu_k, table, **kw)
+    ref_lp, _ = attention_paged_varlen_ref(q, k_pages, v_pages, cu_q, cu_k, table, upcast=False, **kw)
+    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_varlen_seqused_k(device, paged):
+    torch.manual_seed(1)
+    lens_q, lens_k, used = [2, 1, 4], [9, 17, 6], [7, 17, 0]
+    hq, hk, d, dtype = 2, 1, 64, torch.float32
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = torch.randn(sum(lens_q), hq, d, device=device, dtype=dtype)
+    seqused = torch.tensor(used, dtype=torch.int32, device=device)
+    if paged:
+        table = torch.arange(6, device=device, dtype=torch.int32).view(3, 2)
+        k = torch.randn(6, 16, hk, d, device=device, dtype=dtype)
+        v = torch.randn(6, 16, hk, d, device=device, dtype=dtype)
+        ref64, _ = attention_paged_varlen_ref(q, k, v, cu_q, cu_k, table, seqused_k=seqused, causal=True)
+        ref_lp, _ = attention_paged_varlen_ref(q, k, v, cu_q, cu_k, table, seqused_k=seqused, causal=True,
+                                               upcast=False)
+    else:
+        table = None
+        k = torch.randn(sum(lens_k), hk, d, device=device, dtype=dtype)
+        v = torch.randn(sum(lens_k), hk, d, device=device, dtype=dtype)
+        keep = torch.cat([torch.arange(n, device=device) < u for n, u in zip(lens_k, used)])
+        cu_used = cu_seqlens(used, device)
+        ref64, _ = attention_varlen_ref(q, k[keep], v[keep], cu_q, cu_used, causal=True)
+        ref_lp, _ = attention_varlen_ref(q, k[keep], v[keep], cu_q, cu_used, causal=True, upcast=False)
+    out = fa_amd.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                        block_table=table, seqused_k=seqused)
+    assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+
+
+# --------------------------------------------------------------------------- split heuristic, compile
+
+def test_split_heuristic_fills_the_gpu_and_respects_limits():
+    policy = dict(programs_per_sm=2, full_fraction=0.8, efficiency=0.85, max_splits=128, min_blocks_per_split=2)
+    assert decode.decode_num_splits(64 * 8, 512, 132, policy) == 1  # batch 64 x 8 KV heads fill 132 SMs
+    s = decode.decode_num_splits(8, 2048, 132, policy)  # batch 1, 8 KV heads, 128k keys / 64
+    assert 20 <= s <= 128 and 8 * s >= 0.8 * 264
+    assert decode.decode_num_splits(8, 3, 132, policy) == 1  # too few key blocks to share
+    assert decode.decode_num_splits(8, 2048, 132, policy, requested=1) == 1
+    assert decode.decode_num_splits(8, 5, 132, policy, requested=64) == 5  # never more splits than blocks
+    assert decode.decode_num_splits(4, 10, 1, policy) == 1  # the interpreter (one SM): CPU tests split on request
+
+
+def test_decode_tables_cover_every_family():
+    from fa_amd.arch import Arch
+    from fa_amd.tuning import get_decode_config, tables
+
+    assert set(tables.TABLES) <= set(tables.DECODE_TABLES)
+    for family, rows in tables.DECODE_TABLES.items():
+        backend = "hip" if family.startswith("gfx") else ("cuda" if family.startswith("sm") else "interpreter")
+        arch = Arch(backend, family, 64 if family.startswith("gfx9") else 32)
+        for d in (32, 64, 128, 256):
+            cfgs = get_decode_config(arch, d)
+            assert set(cfgs) == {"decode", "append", "merge"}
+            assert cfgs["decode"]["BLOCK_M"] >= 16 and cfgs["decode"]["BLOCK_N"] >= 16  # tl.dot minimum
+            assert get_decode_config(arch, d, wide=True)["decode"]["BLOCK_M"] >= cfgs["decode"]["BLOCK_M"]
+            if backend != "hip":
+                assert not any(k in cfg for cfg in cfgs.values() for k in tables.HIP_ONLY_OPTIONS)
+
+
+def test_torch_compile_traces_the_custom_ops(device):
+    """Under torch.compile the append and the attention are opaque custom ops (fake shapes, mutation)."""
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, causal=True, rot=1.0, seed=7)
+    ref, _, k_exp, v_exp = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+
+    def step(q, k_cache, v_cache, k, v, cache_seqlens):
+        kw2 = dict(kw, cache_seqlens=cache_seqlens)
+        return fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw2)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out = compiled(q, k_cache, v_cache, k, v, kw["cache_seqlens"])
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(k_cache.double(), k_exp.double(), atol=1e-3, rtol=1e-3)
+    assert torch.equal(v_cache, v_exp)
+
+
+# --------------------------------------------------------------------------- bad input
+
+def _i32(device, *values):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda a, dev: a.update(k=torch.zeros(2, 40, 2, 64, dtype=torch.float16, device=dev),
+                             v=torch.zeros(2, 40, 2, 64, dtype=torch.float16, device=dev)), "too small for the append"),
+    (lambda a, dev: a.update(cache_seqlens=32), "does not fit"),
+    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, 32)), "too small for the append"),
+    (lambda a, dev: a.update(k=None, v=None, cache_seqlens=_i32(dev, 3, 33)), "cache_seqlens"),
+    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, -1)), "cache_seqlens"),
+    (lambda a, dev: a.update(cache_batch_idx=_i32(dev, 0, 2)), "cache_batch_idx"),
+    (lambda a, dev: a.update(cache_batch_idx=torch.tensor([0, 1], dtype=torch.float32, device=dev)),
+     "cache_batch_idx"),
+    (lambda a, dev: a.update(cache_leftpad=_i32(dev, 0, 40)), "cache_leftpad"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(32, 40, device=dev), rotary_sin=torch.ones(32, 40, device=dev)),
+     "rotary dim"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(32, 16, device=dev)), "together"),
+    (lambda a, dev: a.update(rotary_cos=torch.ones(8, 16, device=dev), rotary_sin=torch.ones(8, 16, device=dev)),
+     "cover"),
+    (lambda a, dev: a.update(v=None), "together"),
+    (lambda a, dev: a.update(cache_seqlens=None), "cache_seqlens is required"),
+    (lambda a, dev: a.update(k=a["k"].float()), "dtype"),
+    (lambda a, dev: a.update(q=a["q"][..., :32]), "head dim"),
+    (lambda a, dev: a.update(q=torch.zeros(2, 1, 3, 64, dtype=torch.float16, device=dev)), "multiple"),
+    (lambda a, dev: a.update(num_splits=-1), "num_splits"),
+    (lambda a, dev: a.update(window_size=(1,)), "window_size"),
+    (lambda a, dev: a.update(k_cache=a["k_cache"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+     "k_cache must be contiguous"),
+])
+def test_bad_kvcache_arguments_name_the_argument(device, monkeypatch, mutate, match):
+    monkeypatch.setenv(kvcache.CHECK_KVCACHE_ENV, "1")  # device values too, on a GPU (opt-in there)
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, **kw)
+    mutate(args, device)
+    with pytest.raises((ValueError, TypeError), match=match):
+        fa_amd.flash_attn_with_kvcache(**args)
+
+
+def test_bad_paged_arguments_name_the_argument(device, monkeypatch):
+    monkeypatch.setenv(kvcache.CHECK_KVCACHE_ENV, "1")
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, page=16, cache=32, new=1)
+    table = kw.pop("block_table")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache[:, :8], v_cache[:, :8], k, v, block_table=table, **kw)
+    bad = table.clone()
+    bad[1, 0] = k_cache.shape[0]
+    with pytest.raises(ValueError, match="block_table entries"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=bad, **kw)
+    with pytest.raises(ValueError, match="cache_batch_idx cannot be combined with block_table"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table, cache_batch_idx=_i32(device, 0, 1),
+                                       **kw)
+    with pytest.raises(ValueError, match="block_table must have shape"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table[:1], **kw)
+    with pytest.raises(TypeError, match="block_table must be an int32"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table.float(), **kw)
+    # the varlen route checks the same things
+    cu = _i32(device, 0, 1, 2)
+    with pytest.raises(ValueError, match="block_table entries"):
+        fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, _i32(device, 0, 20, 40), 1, 20, block_table=bad)
+    with pytest.raises(ValueError, match="dropout_p"):
+        fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, cu, 1, 1, dropout_p=0.1, block_table=table)
+
+
+def test_gradients_are_refused(device):
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
+    with pytest.raises(ValueError, match="forward-only"):
+        fa_amd.flash_attn_with_kvcache(q.requires_grad_(), k_cache, v_cache, k, v, **kw)
+    with torch.no_grad():
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+
+
+def test_bad_device_values_never_touch_memory_outside_the_tensors(device, monkeypatch):
+    """With the value checks off (the GPU default: they would need a device sync), out-of-range
+    cache_seqlens / leftpad / cache_batch_idx / block_table / rotary positions are clamped in the
+    kernels: every cache lives inside a larger NaN-filled buffer, which must stay NaN, and the
+    output must be finite (nothing read from the guard bands)."""
+    monkeypatch.setattr(kvcache, "_check_values_now", lambda t: False)
+    dtype, hk, d, guard = torch.float16, 2, 32, 4096
+
+    def guarded(*shape):
+        n = math.prod(shape)
+        buf = torch.full((n + 2 * guard,), float("nan"), dtype=dtype, device=device)
+        buf[guard:guard + n] = torch.randn(n, device=device).to(dtype)
+        return buf, buf[guard:guard + n].view(*shape)
+
+    q = torch.randn(2, 2, 4, d, device=device).to(dtype)
+    k, v = torch.randn(2, 3, hk, d, device=device).to(dtype), torch.randn(2, 3, hk, d, device=device).to(dtype)
+    for paged in (False, True):
+        kbuf, k_cache = guarded(*((5, 16, hk, d) if paged else (3, 20, hk, d)))
+        vbuf, v_cache = guarded(*k_cache.shape)
+        capacity = 32 if paged else 20
+        angle = torch.rand(capacity, 8, device=device) * 6.28
+        kw = dict(cache_seqlens=_i32(device, capacity - 1, -7), cache_leftpad=_i32(device, 50, -3), causal=True,
+                  num_splits=2, rotary_cos=angle.cos().to(dtype), rotary_sin=angle.sin().to(dtype))
+        if paged:
+            kw["block_table"] = torch.tensor([[9, -4], [1, 2]], dtype=torch.int32, device=device)
+        else:
+            kw["cache_batch_idx"] = _i32(device, 7, -2)
+        out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+        assert torch.isfinite(out).all()
+        for buf in (kbuf, vbuf):
+            assert torch.isnan(buf[:guard]).all() and torch.isnan(buf[-guard:]).all(), "wrote outside the cache"
+
+
+def test_value_checks_on_the_gpu_are_opt_in(monkeypatch):
+    t = torch.zeros(2, dtype=torch.int32)
+    assert kvcache._check_values_now(t)  # CPU tensors: free to check
+    fake_gpu = type("T", (), {"device": torch.device("cuda", 0)})()
+    monkeypatch.delenv(kvcache.CHECK_KVCACHE_ENV, raising=False)
+    assert not kvcache._check_values_now(fake_gpu)  # the default decode path has no host sync
+
+
+# --------------------------------------------------------------------------- GPU: wider grid, graph capture
+
+def _gpu_grid():
+    rng = random.Random(0)
+    cases = []
+    for d in (32, 59, 64, 80, 128, 256):
+        for _ in range(24):
+            new = rng.choice([0, 1, 4])
+            sq = rng.choice([1, 1, 4, 16]) if new == 0 else rng.choice([new, new + 2])
+            page = rng.choice([None, None, 16, 64, 256])
+            case = dict(d=d, dtype=rng.choice([torch.bfloat16, torch.float16]), b=rng.choice([1, 3, 8]), sq=sq,
+                        hq=rng.choice([6, 8]), hk=None, cache=rng.choice([128, 339, 1024, 2048, 20000]), new=new,
+                        rot=rng.choice([0.0, 0.5, 1.0]) if new else 0.0, interleaved=rng.random() < 0.5, page=page,
+                        batch_idx=page is None and rng.random() < 0.3, leftpad=rng.random() < 0.3,
+                        causal=rng.random() < 0.5, window=rng.choice([(-1, -1), (-1, -1), (37, 5), (200, 0)]),
+                        alibi=rng.choice([None, None, "heads", "batch_heads"]), softcap=rng.choice([0.0, 0.0, 5.0]),
+                        splits=rng.choice([0, 0, 1, 3]), seed=len(cases))
+            case["hk"] = rng.choice([h for h in (1, 2, case["hq"]) if case["hq"] % h == 0])
+            cases.append(case)
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _gpu_grid(), ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "dtype"))
+def test_kvcache_grid_gpu(case):
+    check_case("cuda", **case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("append", [False, True])
+def test_cuda_graph_capture_then_change_cache_seqlens(paged, append):
+    """Capture one call, change cache_seqlens (and the appended k/v) in place, replay: the replay
+    must equal the reference for the new lengths (no host sync, nothing baked into the graph)."""
+    torch.manual_seed(0)
+    q, k_cache, v_cache, k, v, kw, _ = make_case("cuda", dtype=torch.bfloat16, b=4, sq=1, hq=32, hk=8, d=128,
+                                                 cache=4096, new=1 if append else 0, rot=1.0 if append else 0.0,
+                                                 page=64 if paged else None, causal=True, splits=0)
+    seqlens = kw["cache_seqlens"]
+    k_base, v_base = k_cache.clone(), v_cache.clone()
+
+    def call():
+        return fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile / warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for new_lens in ([1, 4000, 17, 2048], [4095 if not append else 4094, 0 if append else 1, 300, 64]):
+        k_cache.copy_(k_base)
+        v_cache.copy_(v_base)
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        if append:
+            k.copy_(torch.randn_like(k))
+            v.copy_(torch.randn_like(v))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _, k_exp, v_exp = attention_kvcache_ref(q, k_base, v_base, k, v, **kw)
+        ref_lp, _, _, _ = attention_kvcache_ref(q, k_base, v_base, k, v, upcast=False, **kw)
+        assert_close_to_ref("graph replay", out, ref, ref_lp, torch.bfloat16)
+        if append:
+            torch.testing.assert_close(k_cache.double(), k_exp.double(), atol=2e-2, rtol=2e-2)
+            assert torch.equal(v_cache, v_exp)
+
+
+@pytest.mark.gpu
+def test_no_host_sync_on_the_decode_path():
+    q, k_cache, v_cache, k, v, kw, _ = make_case("cuda", dtype=torch.bfloat16, b=2, hq=8, hk=2, d=128, cache=2048,
+                                                 new=1, rot=1.0, page=64, causal=True, splits=0)
+    fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

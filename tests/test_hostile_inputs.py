@@ -1,0 +1,436 @@
+"""Hostile inputs (issue 16): every case of the issue's "Crash" and "Silently wrong" lists for the
+kernel API, the fused rotary op and the Transformers glue, and every point of its "What must be
+true" that concerns them.  Each case asserts a clear error or the right result (against the
+float64 reference).  Cases that once killed the process run in a subprocess (`_worker` below), so
+a regression fails a test instead of taking the suite down.  The recipes' cases are in
+tests/test_recipes.py.
+
+Where a case checks memory safety, the subprocess also guards every tensor the kernels read or
+write: inputs are views into NaN-padded buffers (an out-of-bounds read shows up as NaN in a row
+that must be finite) and every output the launchers allocate sits between sentinel-filled guard
+regions (an out-of-bounds write changes a sentinel).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fa_amd
+from fa_amd.kernels import backward, forward, launch
+from fa_amd.reference import attention_ref, attention_varlen_ref
+
+from .kernels.helpers import assert_close_to_ref, compare_dense, compare_varlen, cu_seqlens, randn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+
+
+def _raises(exc, match, fn, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- the subprocess worker
+
+GUARD = 64  # elements of guard on each side of every guarded tensor
+SENTINEL = 7777.0
+
+# name -> (cu_seqlens, max_seqlen): with FA_AMD_CHECK_VARLEN=0 none of these may make a kernel touch
+# memory outside its tensors (the issue: [0, 300, 8] segfaulted)
+UNCHECKED_CU = {
+    "past_end": ([0, 300, 8], 8),
+    "decreasing": ([0, 5, 3, 8], 5),
+    "negative_entry": ([0, -5, 8], 8),
+    "negative_start": ([-100, 3, 8], 8),
+    "int32_max": ([0, 2 ** 31 - 1, 8], 8),
+    "last_past_end": ([0, 3, 100], 8),
+    "all_past_end": ([0, 50, 60], 8),
+    "nonzero_start": ([2, 4, 8], 4),
+    "max_seqlen_too_small": ([0, 6, 8], 2),
+    "max_seqlen_past_total": ([0, 6, 8], 40),
+}
+
+
+def _clamped_segments(cu, max_len, total):
+    """The kernels' own clamping rule (score_mods.seq_bounds), to know which rows must be finite."""
+    out = []
+    for b in range(len(cu) - 1):
+        start = min(max(cu[b], 0), total)
+        end = min(max(cu[b + 1], start), total)
+        out.append((start, min(end - start, max_len)))
+    return out
+
+
+def _worker():
+    """Runs every crash case and prints one JSON line per case: first the checked ones, then the
+    UNCHECKED_CU ones as under FA_AMD_CHECK_VARLEN=0."""
+    import fa_amd
+    from fa_amd import interface
+    from fa_amd.kernels import backward, forward
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    guards = []
+
+    def guarded_output(like, shape, dtype=None):
+        dtype = dtype or like.dtype
+        n = math.prod(shape)
+        buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=dtype, device=like.device)
+        buf[GUARD:GUARD + n] = float("nan")  # poison: a row the kernels must write and do not stays NaN
+        guards.append((buf, n))
+        return buf[GUARD:GUARD + n].view(shape)
+
+    forward.new_output = backward.new_output = guarded_output
+
+    def guarded_input(x):
+        buf = torch.full((x.numel() + 2 * GUARD,), float("nan"), dtype=x.dtype, device=x.device)
+        buf[GUARD:GUARD + x.numel()] = x.flatten()
+        return buf[GUARD:GUARD + x.numel()].view_as(x).requires_grad_()
+
+    def guards_intact():
+        return all(bool((buf[:GUARD] == SENTINEL).all() and (buf[GUARD + n:] == SENTINEL).all())
+                   for buf, n in guards)
+
+    def report(name, **result):
+        print(json.dumps(dict(case=name, **result)), flush=True)
+
+    torch.manual_seed(0)
+    # the issue: a strided cu_seqlens view was read as contiguous ("double free or corruption")
+    q, k, v = (torch.randn(8, 2, 16, device=device) for _ in range(3))
+    cu = torch.tensor([0, 99, 3, 99, 8], dtype=torch.int32, device=device)[::2]
+    out = fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
+    ref, _ = attention_varlen_ref(q, k, v, cu.contiguous(), cu.contiguous())
+    report("strided_view", err=float((out.double() - ref).abs().max()))
+    # the issue: a write through numpy does not bump the version, and the memo passed the stale check
+    if device == "cpu":
+        cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+        fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
+        cu.numpy()[1] = 200
+        try:
+            fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
+            report("numpy_inplace_change", error=None)
+        except ValueError as exc:
+            report("numpy_inplace_change", error=str(exc))
+    else:
+        report("numpy_inplace_change", error="cu_seqlens_q (skipped: numpy views need CPU tensors)")
+
+    interface._CHECK_VARLEN = False  # what FA_AMD_CHECK_VARLEN=0 sets at import
+    for i, (name, (cu_list, max_len)) in enumerate(UNCHECKED_CU.items()):
+        guards.clear()
+        total_q, total_k = 8, 11
+        q = guarded_input(torch.randn(total_q, 2, 16, device=device))
+        k = guarded_input(torch.randn(total_k, 1, 16, device=device))
+        v = guarded_input(torch.randn(total_k, 1, 16, device=device))
+        cu_q = torch.tensor(cu_list, dtype=torch.int32, device=device)
+        cu_k = torch.tensor([min(c + 3 * (c > 0), 2 ** 31 - 1) for c in cu_list], dtype=torch.int32, device=device)
+        out = fa_amd.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_len, max_len, causal=i % 2 == 0,
+                                            deterministic=i % 3 == 0)
+        out.backward(torch.randn_like(out))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        # rows inside the clamped segments must be finite: a read past a tensor hits its NaN guard
+        rows, keys = set(), set()
+        for start, length in _clamped_segments(cu_list, max_len, total_q):
+            rows.update(range(start, start + length))
+        for start, length in _clamped_segments(cu_k.tolist(), max_len, total_k):
+            keys.update(range(start, start + length))
+        rows, keys = sorted(rows), sorted(keys)
+        finite = bool(torch.isfinite(out[rows]).all() and torch.isfinite(q.grad[rows]).all()
+                      and torch.isfinite(k.grad[keys]).all() and torch.isfinite(v.grad[keys]).all())
+        report(name, guards_intact=guards_intact(), finite=finite)
+
+
+def test_crash_cases_in_a_subprocess():
+    """The issue's three crashes, and point 1: with FA_AMD_CHECK_VARLEN=0 and any cu_seqlens, no
+    crash, no write outside an output (guards intact), no read outside an input (rows of the clamped
+    segments finite); a strided cu_seqlens view is right; a change through numpy is re-checked.
+    One subprocess for all of them (a crash there fails this test, not the suite)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_hostile_inputs"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            results[row.pop("case")] = row
+    assert proc.returncode == 0, f"the worker died with exit code {proc.returncode} (a crash) after " \
+                                 f"{list(results)}: {proc.stderr[-3000:]}"
+    assert results["strided_view"]["err"] < 1e-5
+    assert results["numpy_inplace_change"]["error"] and "cu_seqlens_q" in results["numpy_inplace_change"]["error"]
+    unsafe = [name for name in UNCHECKED_CU if not results[name]["guards_intact"]]
+    assert not unsafe, f"a kernel wrote outside its output tensor for cu_seqlens {unsafe}"
+    bad_reads = [name for name in UNCHECKED_CU if not results[name]["finite"]]
+    assert not bad_reads, f"a kernel read outside its inputs (NaN guard) or left a row unwritten: {bad_reads}"
+
+
+# --------------------------------------------------------------------------- point 2: tokens past cu_seqlens[-1]
+
+@pytest.mark.parametrize("dq_mode", ["fused", "separate", "atomic"])
+def test_tokens_past_the_last_segment(device, monkeypatch, dq_mode):
+    """Static buffers longer than the batch: the extra tokens get output 0, lse +inf, dQ 0, and the
+    extra keys dK = dV = 0 (the reference's convention); every written element is checked (poison)."""
+    monkeypatch.setattr(backward, "BWD_DQ_MODE", dq_mode)
+    if dq_mode == "separate":
+        monkeypatch.setattr(backward, "DKDV_HEADS_PER_PROGRAM", 1)  # split GQA group: partial sums
+    lens_q, lens_k = [3, 0, 5], [4, 2, 6]
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    q = randn(sum(lens_q) + 6, 4, 16, dtype=torch.float32, device=device)
+    k = randn(sum(lens_k) + 3, 2, 16, dtype=torch.float32, device=device)
+    v = randn(sum(lens_k) + 3, 2, 16, dtype=torch.float32, device=device)
+    fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5,
+                           max_seqlen_k=6, causal=True, deterministic=dq_mode != "atomic", return_attn_probs=True)
+    out = compare_varlen(fn, q, k, v, cu_q, cu_k, causal=True)
+    assert (out[8:] == 0).all()
+    _, lse, _ = fn(q, k, v)
+    assert torch.isinf(lse[:, 8:]).all() and (lse[:, 8:] > 0).all()
+
+
+def test_no_token_in_any_sequence(device):
+    """batch 0 (cu_seqlens [0]) or only empty segments, with tokens in the buffer: all zeros, lse +inf."""
+    q = randn(5, 2, 16, dtype=torch.float32, device=device)
+    for cu in ([0], [0, 0, 0]):
+        cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+        out, lse, _ = fa_amd.flash_attn_varlen_func(q, q, q, cu_t, cu_t, 0, 0, return_attn_probs=True)
+        assert (out == 0).all() and torch.isinf(lse).all()
+        (dq,) = torch.autograd.grad(out, q, torch.randn_like(out))
+        assert (dq == 0).all()
+
+
+# --------------------------------------------------------------------------- point 3: numerics
+
+def test_softmax_scale_that_overflows_float32_raises(device):
+    q = randn(1, 5, 2, 16, dtype=torch.float16, device=device)
+    _raises(ValueError, "softmax_scale = 3e\\+38 overflows", fa_amd.flash_attn_func, q, q, q, softmax_scale=3e38)
+    _raises(ValueError, "softmax_scale = -3e\\+38 overflows", fa_amd.flash_attn_func, q, q, q, softmax_scale=-3e38)
+    _raises(ValueError, "softcap = 1e\\+39 overflows", fa_amd.flash_attn_func, q, q, q, softcap=1e39)
+    _raises(ValueError, "softmax_scale / softcap", fa_amd.flash_attn_func, q, q, q, softmax_scale=1e38, softcap=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows to inf, as the GPU does
+@pytest.mark.parametrize("scale,softcap", [(3e38, 5.0), (1e30, 0.0), (1e-30, 0.0)], ids=str)
+def test_extreme_scales_are_right(device, scale, softcap):
+    """A huge scale is fine under softcap (the score is bounded by softcap), and plain scales up to
+    where the scores themselves fit float32 (1e30: hard attention) and tiny ones (uniform) are right."""
+    q, k, v = (randn(1, 13, 2, 16, dtype=torch.float32, device=device, requires_grad=False) for _ in range(3))
+    out = fa_amd.flash_attn_func(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
+    ref, _ = attention_ref(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
+    assert torch.isfinite(out).all()
+    assert (out.double() - ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("softcap,dtype", [(1e4, torch.float32), (1e5, torch.float32), (1e6, torch.float32),
+                                           (1e4, torch.float16)], ids=str)
+def test_large_softcap_is_accurate(device, softcap, dtype):
+    """softcap * tanh(s / softcap) for large caps: tanh of a small argument must not cancel (the old
+    1 - 2/(e^2x + 1) lost ~1e-7 absolute, x1e6 in the score); forward and backward within the
+    suite's 2x-PyTorch tolerance."""
+    q, k, v = (randn(1, 21, 2, 32, dtype=dtype, device=device) for _ in range(3))
+    compare_dense(functools.partial(fa_amd.flash_attn_func, softcap=softcap, causal=True), q, k, v,
+                  softcap=softcap, causal=True)
+
+
+def _nan_pattern_case(device, where, row, causal, window, varlen):
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 40, h, 16, device=device) for h in (2, 1, 1))
+    {"q": q, "k": k, "v": v}[where][0, row, 0, 3] = float("nan")
+    kw = dict(causal=causal, window_size=window)
+    if varlen:
+        cu = cu_seqlens([23, 17], device)
+        out = fa_amd.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 23, 23, **kw)
+        ref, _ = attention_varlen_ref(q[0], k[0], v[0], cu, cu, **kw)
+    else:
+        out = fa_amd.flash_attn_func(q, k, v, **kw)
+        ref, _ = attention_ref(q, k, v, **kw)
+    return out, ref
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16)], ids=str)
+@pytest.mark.parametrize("where,row,causal,window,varlen", [
+    ("v", 33, True, (-1, -1), False),   # a NaN value that causal masking hides from the early rows
+    ("k", 33, True, (-1, -1), False),   # a NaN key hidden by causal masking: rows that see it only
+    ("v", 2, False, (4, 2), False),     # sliding window: most rows never visit its block
+    ("q", 7, False, (4, 2), False),
+    ("v", 30, True, (-1, -1), True),    # varlen: only its own sequence
+])
+def test_nan_pattern_matches_reference(device, monkeypatch, tiles, where, row, causal, window, varlen):
+    """A NaN anywhere in q/k/v gives the reference's NaN pattern (which SDPA shares: masked
+    probabilities times a NaN value are NaN), whatever the tile sizes; finite entries stay right."""
+    real = forward.get_fwd_config
+    monkeypatch.setattr(forward, "get_fwd_config",
+                        lambda *a, **kw: dict(real(*a, **kw), BLOCK_M=tiles[0], BLOCK_N=tiles[1]))
+    out, ref = _nan_pattern_case(device, where, row, causal, window, varlen)
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------- point 4: double backward
+
+def test_double_backward_raises_on_every_path(device):
+    q, k, v = (randn(1, 7, 2, 16, dtype=torch.float32, device=device) for _ in range(3))
+    # the issue's gradient penalty: loss = out.sum() + |d out.sum() / dq|^2
+    out = fa_amd.flash_attn_func(q, k, v, causal=True)
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
+        (out.sum() + g.pow(2).sum()).backward()
+    # the custom op (what torch.compile runs)
+    out, _, _ = torch.ops.fa_amd.attention_fwd(q, k, v, None, None, 7, 7, 0.0, 0.25, -1, 0, 0.0, None, None, False,
+                                               False)
+    (g,) = torch.autograd.grad(out.sum(), k, create_graph=True)
+    with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
+        g.pow(2).sum().backward()
+    # varlen, a gradient of dv: as loud
+    cu = cu_seqlens([7], device)
+    out = fa_amd.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 7, 7)
+    (g,) = torch.autograd.grad((out * out).sum(), v, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.sum(), q)
+
+
+def test_create_graph_without_second_backward_is_fine(device):
+    """create_graph=True alone (the gradients used as values) gives the right gradients."""
+    q, k, v = (randn(1, 7, 2, 16, dtype=torch.float32, device=device) for _ in range(3))
+    out = fa_amd.flash_attn_func(q, k, v)
+    g = torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
+    g_plain = torch.autograd.grad(fa_amd.flash_attn_func(q, k, v).sum(), (q, k, v))
+    for a, b in zip(g, g_plain):
+        torch.testing.assert_close(a.detach(), b)
+
+
+def test_rotary_double_backward_is_right_through_the_custom_op(device):
+    """The fused rotary op is linear in x: its double backward is computed, not refused (eager:
+    tests/test_rotary.py).  Here the torch.library op path, against plain PyTorch rotary."""
+    from fa_amd.kernels.rotary import _rotary_fwd_op
+
+    torch.manual_seed(5)
+    x = torch.randn(1, 9, 2, 16, device=device, requires_grad=True)
+    angles = torch.randn(1, 9, 8, device=device)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    w = torch.randn(1, 9, 2, 16, device=device)
+
+    def rotate_ref(t):
+        c, s = cos[:, :, None, :], sin[:, :, None, :]
+        t1, t2 = t[..., :8], t[..., 8:]
+        return t * c + torch.cat([-t2, t1], -1) * s
+
+    def penalty(rot):
+        y = rot(x)
+        (g,) = torch.autograd.grad((y * y * w).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.pow(2).sum(), x)
+        return gg
+
+    torch.testing.assert_close(penalty(lambda t: _rotary_fwd_op(t, cos, sin, False)), penalty(rotate_ref),
+                               atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- point 5: Transformers glue
+
+def _tiny_llama(device):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).to(device).eval()
+    model.set_attn_implementation("fa_amd")
+    return model
+
+
+def test_hf_masks_of_the_wrong_shape_raise(device):
+    """The issue: a 3x6 mask for an 8-token input was accepted (logits off by 0.35), and
+    wrong-batch all-ones masks too (Transformers drops an all-ones mask before attention)."""
+    model = _tiny_llama(device)
+    ids = torch.randint(3, 64, (3, 8), device=device)
+    with torch.no_grad():
+        _raises(ValueError, r"attention_mask has shape \(3, 6\).*8 input tokens", model, ids,
+                attention_mask=torch.ones(3, 6, dtype=torch.long, device=device))
+        _raises(ValueError, r"attention_mask has shape \(5, 8\) but the input has batch size 3", model, ids,
+                attention_mask=torch.ones(5, 8, dtype=torch.long, device=device))
+        _raises(ValueError, r"attention_mask has shape \(1, 8\) but the input has batch size 3", model, ids,
+                attention_mask=torch.ones(1, 8, dtype=torch.long, device=device))
+
+
+def test_hf_attention_function_checks_masks_itself(device):
+    from fa_amd.integrations.hf_attention import fa_amd_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    q, k, v = (torch.randn(3, h, 8, 16, device=device) for h in (2, 1, 1))
+    _raises(ValueError, r"attention_mask has shape \(3, 6\)", fa_amd_attention_forward, Module(), q, k, v,
+            torch.ones(3, 6, device=device))
+    _raises(ValueError, "batch size 3", fa_amd_attention_forward, Module(), q, k, v, torch.ones(2, 8, device=device))
+
+
+def test_hf_packed_boundaries_name_the_users_arguments(device):
+    from fa_amd.integrations.hf_attention import fa_amd_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    q, k, v = (torch.randn(1, h, 8, 16, device=device) for h in (2, 1, 1))
+
+    def call(**kw):
+        return fa_amd_attention_forward(Module(), q, k, v, None, **kw)
+
+    cu = torch.tensor([0, 3, 8], device=device)
+    _raises(ValueError, r"cu_seq_lens_q\[-1\] = 9 exceeds the 8 tokens", call, cu_seq_lens_q=torch.tensor([0, 3, 9]),
+            cu_seq_lens_k=cu, max_length_q=6, max_length_k=5)
+    _raises(ValueError, "cu_seq_lens_k must be non-decreasing", call, cu_seq_lens_q=cu,
+            cu_seq_lens_k=torch.tensor([0, 5, 3]), max_length_q=5, max_length_k=5)
+    _raises(ValueError, r"max_length_q = 2 is smaller than the longest segment in cu_seq_lens_q", call,
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=2, max_length_k=5)
+    _raises(ValueError, "cu_seq_lens_q and cu_seq_lens_k must have the same length", call, cu_seq_lens_q=cu,
+            cu_seq_lens_k=torch.tensor([0, 8]), max_length_q=5, max_length_k=8)
+    _raises(TypeError, "cu_seq_lens_q must hold integer offsets", call, cu_seq_lens_q=cu.float(),
+            cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
+    _raises(ValueError, r"position_ids has shape \(1, 6\) but the input has 8 tokens", call,
+            position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]], device=device))
+
+
+def test_hf_packed_boundaries_short_of_the_tokens_give_zero_rows(device):
+    """cu_seq_lens_q/k ending before the tokens (a static buffer): the covered tokens are right, the
+    rest get attention output 0 -- never uninitialised memory (the issue)."""
+    from fa_amd.integrations.hf_attention import fa_amd_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    q, k, v = (torch.randn(1, h, 10, 16, device=device) for h in (2, 1, 1))
+    cu = torch.tensor([0, 3, 7], device=device)
+    out, _ = fa_amd_attention_forward(Module(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4,
+                                      max_length_k=4)
+    ref, _ = attention_varlen_ref(*(x[0].transpose(0, 1) for x in (q, k, v)), cu.int(), cu.int(), causal=True)
+    assert (out[0, 7:] == 0).all()
+    assert (out[0].double() - ref).abs().max() < 1e-5
+
+
+def test_hf_position_ids_that_open_mid_sequence(device):
+    """Packed position_ids whose first token is not at the row's minimum (3, 4, 0, 1, 2, ...): the
+    leading tokens form their own segment (the varlen call would have said cu_seqlens_q[0] != 0)."""
+    from fa_amd.integrations.hf_attention import cu_seqlens_from_position_ids, fa_amd_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    pos = torch.tensor([[3, 4, 0, 1, 2, 0, 1]], device=device)
+    cu, max_len = cu_seqlens_from_position_ids(pos)
+    assert cu.tolist() == [0, 2, 5, 7] and max_len == 3
+    q, k, v = (torch.randn(1, h, 7, 16, device=device) for h in (2, 1, 1))
+    out, _ = fa_amd_attention_forward(Module(), q, k, v, None, position_ids=pos)
+    ref, _ = attention_varlen_ref(*(x[0].transpose(0, 1) for x in (q, k, v)), cu, cu, causal=True)
+    assert (out[0].double() - ref).abs().max() < 1e-5
+
+
+if __name__ == "__main__":
+    _worker()
