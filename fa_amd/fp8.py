@@ -13,6 +13,9 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call; a V that is a transposed contiguous (batch, nheads_k, d, seqlen)
   tensor is used as it is.
+* `flash_attn_with_kvcache` with FP8 `k_cache` / `v_cache` (and paged `flash_attn_varlen_func`
+  with FP8 pages): the split-KV decode kernel's FP8 path (kernels/decode.py); the rules are
+  `kvcache_fp8_args`'s.
 * `flash_attn_fp8_func`, `flash_attn_varlen_fp8_func`, `flash_attn_qkvpacked_fp8_func`,
   `flash_attn_varlen_qkvpacked_fp8_func`: fp16 / bf16 / fp32 inputs with the signatures
   of their high-precision siblings, quantised inside to the arch's FP8 type with one
@@ -136,6 +139,77 @@ def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nhead
         k_descale = k_descale.repeat_interleave(group, dim=1)
         v_descale = v_descale.repeat_interleave(group, dim=1)
     return torch.stack((q_descale, k_descale, v_descale), dim=-1).to(torch.float32).contiguous()
+
+
+# --------------------------------------------------------------------------- FP8 KV cache (fa_amd.kvcache)
+
+def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, out_dtype, batch: int,
+                     q_name: str = "q", cache_names=("k_cache", "v_cache"), new_names=("k", "v")):
+    """The FP8 arguments of flash_attn_with_kvcache (and of paged flash_attn_varlen_func) checked:
+    (descale, out_dtype), descale fp32 (batch, nheads_k, 3) contiguous for the decode kernels; (None,
+    None) for a call with no FP8 tensor and no FP8 option.
+
+    Rules: k_cache and v_cache share one FP8 type the arch has a dot product for (tables.FP8_DTYPES);
+    q is FP8 of that type (q_descale applies) or fp16 / bf16 / fp32 (K and V are widened to its dtype
+    in the kernel; q_descale must be left out); new k and v are both FP8 of the caches' type (stored as
+    they are: already scaled by k_descale / v_descale) or both high-precision (quantised on append:
+    fp8(clamp(x / descale)), saturating at the type's max, as vLLM writes its FP8 caches).  Descales:
+    fp32 (batch, nheads_k), default 1, > 0.  Output: out_dtype, default bfloat16 for an FP8 q (as FA3)
+    and q's dtype for a high-precision q."""
+    kc_name, vc_name = cache_names
+    named = ((q_name, q), (kc_name, k_cache), (vc_name, v_cache), (new_names[0], k), (new_names[1], v))
+    for name, x in named[:3]:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    fp8 = {name for name, x in named if isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype)}
+    options = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale), ("out_dtype", out_dtype))
+    if not fp8:
+        given = next((name for name, x in options if x is not None), None)
+        if given is not None:
+            raise ValueError(f"{given} applies to an FP8 KV cache only, but {kc_name} is {k_cache.dtype}; leave it "
+                             f"out, or pass FP8 {kc_name}/{vc_name}")
+        return None, None
+    if kc_name not in fp8 or vc_name not in fp8:
+        plain = kc_name if kc_name not in fp8 else (vc_name if vc_name not in fp8 else None)
+        if plain is not None:
+            other = next(name for name in (q_name, kc_name, vc_name, *new_names) if name in fp8)
+            x = dict(named)
+            raise TypeError(f"{other} is {x[other].dtype} but {plain} is {x[plain].dtype}: FP8 attention over a KV "
+                            f"cache needs {kc_name} and {vc_name} in one FP8 dtype (then {q_name} may be FP8 of that "
+                            f"type or fp16/bf16/fp32)")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"{kc_name} and {vc_name} must share one FP8 dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    supported = fp8_dtypes(q)
+    if k_cache.dtype not in supported:
+        raise TypeError(f"{kc_name} and {vc_name} are {k_cache.dtype}, which {arch_for(q).name} has no dot product "
+                        f"for; its FP8 types are {', '.join(str(d) for d in supported)}")
+    q_fp8 = q_name in fp8
+    if q_fp8 and q.dtype != k_cache.dtype:
+        raise TypeError(f"{q_name} is {q.dtype} but {kc_name} is {k_cache.dtype}: an FP8 {q_name} must have the "
+                        f"cache's FP8 dtype (or pass it as fp16/bf16/fp32)")
+    if not q_fp8 and q.dtype not in OUT_DTYPES:
+        raise TypeError(f"{q_name} must be FP8 ({k_cache.dtype}) or float16, bfloat16 or float32, got {q.dtype}")
+    if not q_fp8 and q_descale is not None:
+        raise ValueError(f"q_descale applies to an FP8 {q_name}, but {q_name} is {q.dtype}; leave it out (a "
+                         f"high-precision {q_name} needs no descale)")
+    if k is not None and v is not None:
+        for name, x in ((new_names[0], k), (new_names[1], v)):
+            if isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype) and x.dtype != k_cache.dtype:
+                raise TypeError(f"{name} is {x.dtype} but {kc_name} is {k_cache.dtype}: new FP8 keys/values must "
+                                f"have the cache's dtype (or be fp16/bf16/fp32, quantised with k_descale/v_descale)")
+        if (new_names[0] in fp8) != (new_names[1] in fp8):
+            raise TypeError(f"{new_names[0]} is {getattr(k, 'dtype', type(k).__name__)} but {new_names[1]} is "
+                            f"{getattr(v, 'dtype', type(v).__name__)}: append both in the "
+                            f"cache's FP8 dtype, or both in fp16/bf16/fp32 (quantised with k_descale/v_descale)")
+        for name, x in ((new_names[0], k), (new_names[1], v)):
+            if isinstance(x, torch.Tensor) and not is_fp8_dtype(x.dtype) and x.dtype not in OUT_DTYPES:
+                raise TypeError(f"{name} must be {k_cache.dtype} or float16, bfloat16 or float32, got {x.dtype}")
+    nheads_k = k_cache.shape[-2] if k_cache.dim() >= 2 else 0
+    descales = [_check_descale(name, x, batch, nheads_k, q)
+                for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if q_fp8 else q.dtype
+    return pack_descales(*descales, nheads_k), _check_out_dtype(out_dtype)
 
 
 # --------------------------------------------------------------------------- quantisation
@@ -267,9 +341,12 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         raise ValueError(f"{given} applies to FP8 q, k, v only, but q is {got}; leave it out for high-precision "
                          f"inputs, or call flash_attn_fp8_func to run them in FP8 (quantised inside)")
     _check_fp8_inputs(q, k, v)
-    if block_table is not None or seqused_k is not None:
-        raise ValueError("FP8 q, k, v with block_table or seqused_k (paged KV) are not supported by "
-                         "flash_attn_varlen_func; use flash_attn_with_kvcache with FP8 k_cache/v_cache")
+    if block_table is not None or seqused_k is not None:  # paged / seqused varlen: the decode kernel
+        return _api.flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                            return_attn_probs, block_table, seqused_k, sinks=sinks, s_aux=s_aux,
+                                            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                            out_dtype=out_dtype)
     _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)

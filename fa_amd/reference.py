@@ -217,6 +217,15 @@ def fp8_quantize_ref(x, fp8_dtype, cu_seqlens=None):
     return x8, descale
 
 
+def fp8_scale_ref(x, descale, fp8_dtype):
+    """x (batch, seqlen, nheads, d) quantised with a GIVEN descale (batch, nheads), as an FP8 KV cache
+    takes high-precision keys/values (fa_amd.kvcache): fp8(clamp(fp32(x) / descale, +-fp8 max)),
+    round to nearest even."""
+    fp8_max = torch.finfo(fp8_dtype).max
+    scaled = x.detach().float() / descale.float()[:, None, :, None]
+    return scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype)
+
+
 def fp8_dequantize_ref(x8, descale, cu_seqlens=None):
     """float64 values of x8 * descale (descale (batch, nheads) or (batch, nheads_k) matching x8)."""
     x = x8.double()

@@ -193,11 +193,13 @@ def _decode_family(arch: Arch) -> str:
     return family if family in tables.DECODE_TABLES else ("gfx90a" if arch.backend == "hip" else "sm80")
 
 
-def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False) -> Dict[str, Dict]:
+def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False,
+                      fp8: bool = False) -> Dict[str, Dict]:
     """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
     the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
-    KV head) and "fp32" override applied; AMD-only options dropped off HIP.  Memoized (hot path)."""
-    key = (arch, head_dim_padded, bool(is_fp32), bool(wide))
+    KV head) and "fp32" override applied, then for an FP8 KV cache the family's tables.DECODE_FP8
+    override of the row; AMD-only options dropped off HIP.  Memoized (hot path)."""
+    key = (arch, head_dim_padded, bool(is_fp32), bool(wide), bool(fp8))
     hit = _DECODE_RESOLVED.get(key)
     if hit is not None:
         return hit
@@ -210,6 +212,8 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
         for name, wanted in (("wide", wide), ("fp32", is_fp32)):
             if wanted and entry.get(name):
                 cfg.update(entry[name])
+        if fp8 and kernel == "decode":
+            cfg.update(tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {}))
         if arch.backend != "hip":
             for opt in HIP_ONLY_OPTIONS:
                 cfg.pop(opt, None)

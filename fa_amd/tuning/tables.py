@@ -359,6 +359,16 @@ DECODE_TABLES = {
                             {"waves_per_eu": 0}),
 }
 
+# FP8 KV caches (fa_amd.fp8, kernels/decode.py): overrides of the "decode" entry, per family and
+# table row head dim, applied after "wide" / "fp32" (fa_amd.tuning.get_decode_config).  gfx942 (AOT,
+# every feature on, docs/AOT.md): at 16x64 the FP8 decode kernels spill under triton 3.2 .. 3.6
+# (16..308 B; FP8 q and widened K/V alike), 16x32 builds with zero scratch at occupancy 2-4 under
+# 3.2 .. 3.9; at d256 (16x32 already) only waves_per_eu 1 (512 VGPRs) avoids scratch under every
+# version (132..440 B at 2, with 16x16 tiles or 8 warps too).  gfx950 and sm90: no override needed.
+DECODE_FP8 = {
+    "gfx942": {64: {"BLOCK_N": 32}, 128: {"BLOCK_N": 32}, 256: {"waves_per_eu": 1}},
+}
+
 # How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
 # wave-efficiency rule): no split once the (batch x KV heads x row tiles) programs reach
 # `full_fraction` of `programs_per_sm` x the GPU's SM/CU count; otherwise the fewest splits whose

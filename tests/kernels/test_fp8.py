@@ -110,6 +110,24 @@ def test_descaled_fp8_inputs_dense(device, b, sq, sk, hq, hk, d, opts):
     assert_within_emulation("lse", lse[finite], ref_lse[finite], emu_lse[finite], torch.float32)
 
 
+def test_descaled_fp8_inputs_with_sinks(device):
+    """Learnable sinks on the FP8 path (forward only): the sink joins the denominator that the FP8
+    kernel sums in P * 2**FP8_P_LOG2 units (kernels/forward.py scales the sink's start term too);
+    causal rows past the keys see the sink alone (output 0, lse = sink)."""
+    q, k, v = _fresh(1, 30, 4, 32, device=device), _fresh(1, 21, 2, 32, device=device), _fresh(1, 21, 2, 32,
+                                                                                              device=device)
+    sinks = torch.randn(4, device=device)
+    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
+    out, lse, _ = fa_amd.flash_attn_func(q8, k8, v8, causal=True, sinks=sinks, q_descale=qd, k_descale=kd,
+                                         v_descale=vd, return_attn_probs=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=True, sinks=sinks)
+    emu, emu_lse = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), causal=True, sinks=sinks)
+    assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+    assert_within_emulation("lse", lse, ref_lse, emu_lse, torch.float32)
+    with pytest.raises(ValueError, match="sinks"):
+        fa_amd.flash_attn_func(q8, k8, v8, sinks=sinks.clone().requires_grad_(), q_descale=qd)
+
+
 def test_descaled_fp8_out_dtype_and_default_descales(device):
     """out_dtype picks the output type; descales left out are 1 (the FP8 values are the real ones)."""
     q, k, v = (_fresh(1, 19, 2, 32, device=device) for _ in range(3))
