@@ -606,7 +606,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         k_lens = 0
         if cache_seqlens_int is None:  # the whole cache
             cache_seqlens_int, seqlen_new = capacity, 0
-    d_pad = head_dim_padded(d)
+    d_pad = head_dim_padded(d, fp8=descale is not None)
     arch = arch_for(q)
     fp8 = descale is not None  # an FP8 KV cache: the tables' FP8 overrides (tables.DECODE_FP8)
     cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, fp8=fp8)["decode"]

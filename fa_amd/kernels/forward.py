@@ -370,7 +370,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
         return out.zero_(), lse.fill_(float("inf")), probs
-    d_pad = head_dim_padded(d)
+    d_pad = head_dim_padded(d, fp8=descale is not None)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
