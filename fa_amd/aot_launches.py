@@ -179,9 +179,10 @@ LAUNCHES = {
 #   decode_fp8    decode_kernel, FP8 q over an FP8 KV cache (both products in FP8)
 #   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
 #   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
-# Variants: "plain" dense cache, int cache_seqlens; "causal" tensor cache_seqlens, causal; "all"
-# paged cache, GQA 2, cache_leftpad, window, softcap, ALiBi, rotary, sinks and key splits (the
-# decode kernels; the append takes the paged cache and rotary).
+# Variants: "plain" dense cache, int cache_seqlens; "causal" tensor cache_seqlens, causal, 17 query
+# tokens (chunked prefill on a cache: the "wide" tile); "all" paged cache, GQA 2, cache_leftpad,
+# window, softcap, ALiBi, rotary, sinks and key splits (the decode kernels; the append takes the
+# paged cache and rotary).
 
 def _fp8_dtype_of(module):
     """The FP8 type of the target a launcher module runs as while recorded (its arch_for is the
@@ -220,7 +221,8 @@ def _decode_inputs(p: Problem, q_fp8: bool):
     everything = p.variant == "all"
     batch, hk, d, cache = 2, 2, p.head_dim, 2048
     hq = hk * p.group
-    q = torch.zeros(batch, 1, hq, d, dtype=fp8_dtype if q_fp8 else dtype)
+    seqlen_q = 17 if p.variant == "causal" else 1  # "causal": more than DECODE_WIDE_ROWS rows, the wide tile
+    q = torch.zeros(batch, seqlen_q, hq, d, dtype=fp8_dtype if q_fp8 else dtype)
     kw = dict(q=q, softmax_scale=d ** -0.5, window_left=cache // 4 - 1 if p.left else -1,
               window_right=0 if p.right else -1, softcap=30.0 if p.softcap else 0.0,
               alibi_slopes=torch.rand(hq) if p.alibi else None,

@@ -213,7 +213,10 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
             if wanted and entry.get(name):
                 cfg.update(entry[name])
         if fp8 and kernel == "decode":
-            cfg.update(tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {}))
+            fp8_entry = tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {})
+            cfg.update({k: v for k, v in fp8_entry.items() if k != "wide"})
+            if wide:
+                cfg.update(fp8_entry.get("wide", {}))
         if arch.backend != "hip":
             for opt in HIP_ONLY_OPTIONS:
                 cfg.pop(opt, None)

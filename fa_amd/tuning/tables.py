@@ -364,9 +364,13 @@ DECODE_TABLES = {
 # every feature on, docs/AOT.md): at 16x64 the FP8 decode kernels spill under triton 3.2 .. 3.6
 # (16..308 B; FP8 q and widened K/V alike), 16x32 builds with zero scratch at occupancy 2-4 under
 # 3.2 .. 3.9; at d256 (16x32 already) only waves_per_eu 1 (512 VGPRs) avoids scratch under every
-# version (132..440 B at 2, with 16x16 tiles or 8 warps too).  gfx950 and sm90: no override needed.
+# version (132..440 B at 2, with 16x16 tiles or 8 warps too).  An entry's "wide" dict applies on top
+# for the wide tile: at d128 the FP8-cache / bf16-q kernel spilled with 64-row tiles (gfx942 64x32:
+# 36 B under 3.9; gfx950 64x64: 12 B under 3.6); gfx942 32x32 and gfx950 64x32 build clean under
+# every version they support.  sm90: no override needed.
 DECODE_FP8 = {
-    "gfx942": {64: {"BLOCK_N": 32}, 128: {"BLOCK_N": 32}, 256: {"waves_per_eu": 1}},
+    "gfx942": {64: {"BLOCK_N": 32}, 128: {"BLOCK_N": 32, "wide": {"BLOCK_M": 32}}, 256: {"waves_per_eu": 1}},
+    "gfx950": {128: {"wide": {"BLOCK_N": 32}}},
 }
 
 # How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
