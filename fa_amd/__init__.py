@@ -19,6 +19,12 @@ from .interface import (
     flash_attn_with_kvcache,
 )
 from .sdpa import disable_sdpa_route, enable_sdpa_route, sdpa_route, sdpa_route_enabled
+from .fp8 import (
+    flash_attn_fp8_func,
+    flash_attn_qkvpacked_fp8_func,
+    flash_attn_varlen_fp8_func,
+    flash_attn_varlen_qkvpacked_fp8_func,
+)
 
 __version__ = "0.1.0"
 
@@ -34,6 +40,10 @@ __all__ = [
     "enable_sdpa_route",
     "disable_sdpa_route",
     "sdpa_route_enabled",
+    "flash_attn_fp8_func",
+    "flash_attn_qkvpacked_fp8_func",
+    "flash_attn_varlen_fp8_func",
+    "flash_attn_varlen_qkvpacked_fp8_func",
     "__version__",
 ]
 

@@ -41,7 +41,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .aot_launches import (_DKDV_KERNELS, LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call,
+from .aot_launches import (_DKDV_KERNELS, FP8_LAUNCHES, LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call,
                            launch_config)
 
 # the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
@@ -54,8 +54,11 @@ _TARGET_GROUPS = {"amd": AMD_TARGETS, "rdna": ("gfx1100",) + RDNA_ALIAS_TARGETS,
 # tables.NONDETERMINISTIC_DQ says "atomic"); dq is then not launched
 # dkdv_fused: the dK/dV kernel whose extra programs compute dQ (FUSED_DQ), built only where the
 # launcher fuses (tables.FUSED_DQ_FAMILIES, rows whose "dkdv" and "dq" entries share launch options)
-KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary")
-DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "rotary")
+# fwd_fp8, decode_fp8, decode_fp8kv, append_fp8: the FP8 paths (fa_amd.aot_launches.FP8_LAUNCHES), built
+# where the target has an FP8 dot product under the installed triton (fp8_builds)
+FP8_KERNELS = tuple(FP8_LAUNCHES)
+KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + FP8_KERNELS
+DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "rotary") + FP8_KERNELS
 # (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
 HEAD_DIMS = (64, 80, 128, 256)
 DTYPES = ("fp16", "bf16")
@@ -192,7 +195,7 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, s
     table_kernel = LAUNCHES[kernel].table_kernel
     if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
-    return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short)
+    return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short, fp8=kernel in FP8_KERNELS)
 
 
 def _has_short(target: str, kernel: str, d_pad: int) -> bool:
@@ -209,6 +212,10 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     from .tuning import bwd_fusable, family_of, nondeterministic_dq
 
     family = family_of(_arch_of(target))
+    if kernel in FP8_KERNELS:
+        return fp8_builds(target) and (variant in ("", "plain", "causal", "all")
+                                       or (kernel == "fwd_fp8" and variant == "short" and _has_short(target, kernel,
+                                                                                                    d_pad)))
     if kernel == "rotary":
         return variant in ("", "plain", "all")
     if variant == "short":
@@ -221,6 +228,33 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
         return bwd_fusable(family, default_config(target, "dkdv", d_pad, causal),
                            default_config(target, "dq", d_pad, causal))
     return True
+
+
+def fp8_builds(target: str) -> bool:
+    """Whether the FP8 kernels build for this target: it has an FP8 dot product (tables.FP8_DTYPES)
+    and the installed triton is at least its tables.FP8_MIN_TRITON (the launcher refuses FP8 below)."""
+    import torch
+
+    from .tuning import fp8_dtype_names, fp8_min_triton
+
+    arch = _arch_of(target)
+    names = fp8_dtype_names(arch)
+    return bool(names) and hasattr(torch, names[0]) and triton_version() >= fp8_min_triton(arch)
+
+
+def _fp8_ci_jobs(target: str, kernel: str) -> List[CompileJob]:
+    """The CI subset of an FP8 kernel: all features on, bf16 out / q; the forward at its heaviest
+    table row (as ci_jobs picks) and the tiles of its "short" overrides, the decode kernels at their
+    heaviest row (d256: 16 x 32 tiles of a 256-wide head), the append at d128.  The full sweep
+    (--full, .ci/aot_matrix.py) builds every row."""
+    if not builds(target, kernel, 128, causal=True, variant="all"):
+        return []
+    if kernel == "fwd_fp8":
+        heaviest = max((128, 256, 64), key=lambda d: _pressure(kernel, default_config(target, kernel, d, True), d))
+        return [CompileJob(target, kernel, heaviest, "bf16", "all")] + [
+            CompileJob(target, kernel, d, "bf16", "short") for d in (64, 128, 256)
+            if builds(target, kernel, d, variant="short")]
+    return [CompileJob(target, kernel, 128 if kernel == "append_fp8" else 256, "bf16", "all")]
 
 
 def _is_causal(variant: str) -> bool:
@@ -253,6 +287,9 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
     for t in targets:
         dtype = "fp16" if t == "gfx908" else "bf16"
         for k in kernels:
+            if k in FP8_KERNELS:
+                jobs += _fp8_ci_jobs(t, k)
+                continue
             if k in ("preprocess", "rotary"):
                 jobs.append(CompileJob(t, k, 256 if k == "preprocess" else 128, dtype, "plain"))
                 continue

@@ -170,6 +170,112 @@ LAUNCHES = {
 }
 
 
+# --------------------------------------------------------------------------- FP8 launches (issue 18)
+# FP8 is a dtype path of the forward and decode kernels (fa_amd.fp8): the same @triton.jit functions
+# built with the target's FP8 type (tables.FP8_DTYPES, first entry) for q, k, v / the KV cache, their
+# descales and an output in the job's dtype.  Built only where the target has an FP8 dot and the
+# installed triton reaches tables.FP8_MIN_TRITON (fa_amd.aot.builds).
+#   fwd_fp8       attn_fwd_kernel, FA3-style FP8 q, k, v (V laid out as fa_amd.fp8 lays it out)
+#   decode_fp8    decode_kernel, FP8 q over an FP8 KV cache (both products in FP8)
+#   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
+#   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
+# Variants: "plain" dense cache, int cache_seqlens; "causal" tensor cache_seqlens, causal, 17 query
+# tokens (chunked prefill on a cache: the "wide" tile); "all" paged cache, GQA 2, cache_leftpad,
+# window, softcap, ALiBi, rotary, sinks and key splits (the decode kernels; the append takes the
+# paged cache and rotary).
+
+def _fp8_dtype_of(module):
+    """The FP8 type of the target a launcher module runs as while recorded (its arch_for is the
+    target's then: _as_on)."""
+    import torch
+
+    from .tuning import fp8_dtype_names
+
+    return getattr(torch, fp8_dtype_names(module.arch_for(None))[0])
+
+
+def _run_forward_fp8(p: Problem):
+    import torch
+
+    from . import fp8
+    from .kernels import forward
+
+    a = _attention_inputs(p)
+    fp8_dtype = _fp8_dtype_of(forward)
+    q, k, v = (a.pop(n).to(fp8_dtype) for n in "qkv")
+    v = fp8._v_layout(v, p.varlen, forward.arch_for(None))
+    batch = 2 if p.varlen else q.shape[0]
+    descale = torch.ones(batch, q.shape[-2], 3, dtype=torch.float32)
+    forward.attention_forward(q, k, v, **a, return_probs=False, descale=descale,
+                              out_dtype=getattr(torch, _TORCH_DTYPES[p.dtype]))
+
+
+def _decode_inputs(p: Problem, q_fp8: bool):
+    """decode_forward's arguments for an FP8 KV cache (variants: the block above)."""
+    import torch
+
+    from .kernels import decode
+
+    fp8_dtype = _fp8_dtype_of(decode)
+    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
+    everything = p.variant == "all"
+    batch, hk, d, cache = 2, 2, p.head_dim, 2048
+    hq = hk * p.group
+    seqlen_q = 17 if p.variant == "causal" else 1  # "causal": more than DECODE_WIDE_ROWS rows, the wide tile
+    q = torch.zeros(batch, seqlen_q, hq, d, dtype=fp8_dtype if q_fp8 else dtype)
+    kw = dict(q=q, softmax_scale=d ** -0.5, window_left=cache // 4 - 1 if p.left else -1,
+              window_right=0 if p.right else -1, softcap=30.0 if p.softcap else 0.0,
+              alibi_slopes=torch.rand(hq) if p.alibi else None,
+              descale=torch.ones(batch, hk, 3, dtype=torch.float32), out_dtype=dtype)
+    if everything:
+        page = 64
+        kw.update(k_cache=torch.zeros(batch * cache // page, page, hk, d, dtype=fp8_dtype),
+                  block_table=torch.arange(batch * cache // page, dtype=torch.int32).view(batch, -1),
+                  cache_leftpad=torch.zeros(batch, dtype=torch.int32),
+                  rotary_cos=torch.zeros(cache, d // 4), rotary_sin=torch.zeros(cache, d // 4),
+                  rotary_interleaved=True, rotary_per_token=True, num_splits=4,
+                  sinks=torch.zeros(hq, dtype=torch.float32))
+    else:
+        kw.update(k_cache=torch.zeros(batch, cache, hk, d, dtype=fp8_dtype))
+    kw["v_cache"] = torch.zeros_like(kw["k_cache"])
+    if p.variant == "plain":
+        kw.update(cache_seqlens_int=cache - 1, seqlen_new=1)
+    else:
+        kw.update(cache_seqlens=torch.full((batch,), cache // 2, dtype=torch.int32), seqlen_new=1)
+    return kw
+
+
+def _run_decode_fp8(p: Problem, q_fp8: bool = True):
+    from .kernels import decode
+
+    decode.decode_forward(**_decode_inputs(p, q_fp8))
+
+
+def _run_append_fp8(p: Problem):
+    import torch
+
+    from .kernels import decode
+    from .tuning import get_decode_config
+
+    kw = _decode_inputs(p, q_fp8=False)
+    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
+    batch, hk, d = 2, kw["k_cache"].shape[2], p.head_dim
+    new = torch.zeros(batch, 1, hk, d, dtype=dtype)
+    cfg = get_decode_config(decode.arch_for(None), decode.head_dim_padded(d), p.dtype == "fp32")["append"]
+    decode.kv_append(new, torch.zeros_like(new), kw["k_cache"], kw["v_cache"], kw.get("cache_seqlens"),
+                     kw.get("cache_seqlens_int"), None, kw.get("block_table"), kw.get("rotary_cos"),
+                     kw.get("rotary_sin"), True, cfg, kw["descale"])
+
+
+FP8_LAUNCHES = {
+    "fwd_fp8": Launch("forward", "attn_fwd_kernel", _run_forward_fp8, table_kernel="fwd"),
+    "decode_fp8": Launch("decode", "decode_kernel", _run_decode_fp8),
+    "decode_fp8kv": Launch("decode", "decode_kernel", _run_decode_fp8, dict(q_fp8=False)),
+    "append_fp8": Launch("decode", "kv_append_kernel", _run_append_fp8),
+}
+LAUNCHES.update(FP8_LAUNCHES)
+
+
 @dataclass
 class LaunchCall:
     """One recorded `kernel[grid](*args, **kwargs)`."""

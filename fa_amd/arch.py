@@ -130,6 +130,46 @@ if INTERPRET and not LATE_INTERPRET:
     INTERPRETER_BF16_DOT = _fix_interpreter_bf16_dot()
 
 
+# Triton's interpreter (3.9) rounds float32/float16/bfloat16 -> fp8 wrongly: its round-to-nearest adds
+# the first dropped bit to the mantissa without carrying into the exponent (e4m3: 127.5 -> 64 where a GPU
+# gives 128), and ignores the other dropped bits.  The FP8 kernels round P with that cast (fa_amd.fp8), so
+# on the interpreter the downcasts to the fp8 types torch has go through torch's own conversion (round
+# to nearest even, as the GPUs' cvt instructions).  Triton type name -> torch dtype name.
+_INTERPRETER_FP8 = {"fp8e4nv": "float8_e4m3fn", "fp8e4b8": "float8_e4m3fnuz", "fp8e5": "float8_e5m2",
+                    "fp8e5b16": "float8_e5m2fnuz"}
+
+
+def _fix_interpreter_fp8_rounding() -> None:
+    try:
+        from triton.runtime import interpreter
+        import numpy as np
+    except ImportError:  # pragma: no cover - a triton without the interpreter module
+        return
+    original = getattr(interpreter, "_convert_float", None)
+    if original is None or getattr(original, "_fa_amd_fp8", False):
+        return
+    rtz = getattr(getattr(getattr(interpreter, "_ir", None), "ROUNDING_MODE", None), "RTZ", object())
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        target = _INTERPRETER_FP8.get(getattr(output_dtype, "name", ""))
+        source = getattr(input_dtype, "name", "")
+        if target is None or source not in ("fp32", "fp16", "bf16") or rounding_mode == rtz:
+            return original(input, input_dtype, output_dtype, rounding_mode)
+        if source == "bf16":  # stored as uint16: widen the bits to float32
+            values = torch.from_numpy((np.ascontiguousarray(input).view(np.uint16).astype(np.uint32) << 16)
+                                      .view(np.float32))
+        else:
+            values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32 if source == "fp32" else np.float16))
+        return values.to(getattr(torch, target)).view(torch.uint8).numpy().reshape(input.shape)
+
+    convert_float._fa_amd_fp8 = True
+    interpreter._convert_float = convert_float
+
+
+if INTERPRET and not LATE_INTERPRET:
+    _fix_interpreter_fp8_rounding()
+
+
 @dataclass(frozen=True)
 class Arch:
     backend: str  # "hip" | "cuda" | "interpreter"

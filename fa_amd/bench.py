@@ -248,6 +248,142 @@ MAKERS: Dict[str, Callable] = {
 }
 
 
+# --------------------------------------------------------------------------- FP8 rows (--fp8)
+# fa_amd's FP8 forward (fa_amd.fp8) beside its own bf16 forward and the FP8 attention torch offers,
+# in the same interleaved rounds.  Target (issue 18): the FP8 forward >= 1.5x fa_amd's bf16 forward
+# at d128, seqlen >= 4k, on the H100.
+#   fa_amd_fp8       FA3-style FP8 inputs: q, k, v quantised once outside the timing (per (batch, KV
+#                    head) amax scales), V laid out as the arch's kernel reads it; forward only
+#   fa_amd_fp8_func  flash_attn_fp8_func on the bf16 inputs: quantisation + FP8 forward, and its
+#                    high-precision backward
+#   sdpa_cudnn_fp8   torch SDPA with float8 inputs on the cuDNN backend, where this torch takes them
+FP8_METHODS = ("fa_amd_fp8", "fa_amd_fp8_func", "sdpa_cudnn_fp8")
+FP8_DEFAULT_METHODS = ("fa_amd", "sdpa_cudnn", "flash_attn") + FP8_METHODS
+
+
+def fp8_shapes(quick: bool = False, smoke: bool = False) -> List[Shape]:
+    """d128 rows of the --fp8 run (dense and GQA, causal and not), TOKENS tokens each."""
+    if smoke:
+        return [Shape(1, 48, 2, 2, 32, False), Shape(1, 40, 4, 2, 32, True)]
+    seqlens = (4096, 8192) if quick else (1024, 2048, 4096, 8192, 16384)
+    out = [Shape(TOKENS // s, s, HIDDEN // 128, HIDDEN // 128, 128, causal) for causal in (False, True)
+           for s in seqlens]
+    return out + [Shape(TOKENS // 4096, 4096, 16, 4, 128, causal) for causal in (False, True)]
+
+
+def _fp8_type(device):
+    from .fp8 import fp8_dtypes
+
+    try:
+        return fp8_dtypes(torch.empty(0, device=device))[0]
+    except ValueError as exc:
+        raise Unavailable(str(exc))
+
+
+def _once_per_inputs(convert):
+    """fn(q, k, v) -> convert(q, k, v), computed on the first call with these tensors and reused
+    (conversions stay out of the timed calls)."""
+    cache = {}
+
+    def get(q, k, v):
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if key not in cache:
+            cache.clear()
+            cache[key] = convert(q, k, v)
+        return cache[key]
+
+    return get
+
+
+def make_fa_amd_fp8(shape: Shape, device):
+    import fa_amd
+    from .arch import arch_for
+    from .fp8 import quantize_fp8
+    from .tuning import fp8_v_token_major
+
+    if shape.doc_lens:
+        raise Unavailable("FP8 rows are dense")
+    fp8_dtype = _fp8_type(device)
+
+    def convert(q, k, v):
+        b, s, hq, d = q.shape
+        hk = k.shape[2]
+        # FA3's q_descale is per (batch, KV head): one scale for each query-head group
+        q8, q_descale = quantize_fp8(q.reshape(b, s, hk, (hq // hk) * d), fp8_dtype)
+        k8, k_descale = quantize_fp8(k, fp8_dtype)
+        v8, v_descale = quantize_fp8(v, fp8_dtype)
+        if fp8_v_token_major(arch_for(v8)):  # the layout the kernel reads: no copy per call
+            v8 = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return q8.reshape(q.shape), k8, v8, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+    inputs = _once_per_inputs(convert)
+
+    def fn(q, k, v):
+        if torch.is_grad_enabled():
+            raise RuntimeError("forward only: FP8 inputs have no backward (the fa_amd_fp8_func row has one)")
+        q8, k8, v8, descales = inputs(q, k, v)
+        return fa_amd.flash_attn_func(q8, k8, v8, causal=shape.causal, **descales)
+
+    return fn, "bshd"
+
+
+def make_fa_amd_fp8_func(shape: Shape, device):
+    import fa_amd
+
+    if shape.doc_lens:
+        raise Unavailable("FP8 rows are dense")
+    _fp8_type(device)
+    return (lambda q, k, v: fa_amd.flash_attn_fp8_func(q, k, v, causal=shape.causal)), "bshd"
+
+
+def make_sdpa_cudnn_fp8(shape: Shape, device):
+    import torch.nn.functional as F
+
+    if shape.doc_lens:
+        raise Unavailable("FP8 rows are dense")
+    if device == "cpu" or _is_rocm():
+        raise Unavailable("the cuDNN SDPA backend is NVIDIA-only")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, "CUDNN_ATTENTION", None)
+    if backend is None:
+        raise Unavailable(f"torch {torch.__version__} has no SDPBackend.CUDNN_ATTENTION")
+    fp8_dtype = torch.float8_e4m3fn
+    probe = torch.randn(1, 2, 128, 128, device=device).to(fp8_dtype)
+    try:
+        with sdpa_kernel(backend):
+            F.scaled_dot_product_attention(probe, probe, probe)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise Unavailable(f"torch {torch.__version__} SDPA (cuDNN backend) does not take {fp8_dtype} inputs "
+                          f"({type(exc).__name__}: {reason})")
+    inputs = _once_per_inputs(lambda q, k, v: tuple(x.detach().to(fp8_dtype) for x in (q, k, v)))
+    gqa = shape.heads_q != shape.heads_kv
+
+    def fn(q, k, v):
+        if torch.is_grad_enabled():
+            raise RuntimeError("forward only: FP8 inputs")
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(*inputs(q, k, v), is_causal=shape.causal, enable_gqa=gqa)
+
+    return fn, "bhsd"
+
+
+MAKERS.update(fa_amd_fp8=make_fa_amd_fp8, fa_amd_fp8_func=make_fa_amd_fp8_func, sdpa_cudnn_fp8=make_sdpa_cudnn_fp8)
+
+
+def fp8_speedup_lines(results: List["Result"]) -> List[str]:
+    """Forward speed of the FP8 rows over fa_amd's bf16 forward, per shape (empty without FP8 rows)."""
+    idx = {(r.label, r.method): r for r in results if r.mode == "fwd" and r.ms is not None}
+    lines = []
+    for label in dict.fromkeys(r.label for r in results):
+        base = idx.get((label, "fa_amd"))
+        cells = [f"{m} {base.ms / idx[(label, m)].ms:.2f}x" for m in FP8_METHODS if base and (label, m) in idx]
+        if cells:
+            lines.append(f"- {label}: " + ", ".join(cells))
+    return (["\n### FP8 forward vs fa_amd bf16 forward (speedup)\n"] + lines) if lines else []
+
+
 # --------------------------------------------------------------------------- timing
 
 def make_inputs(shape: Shape, layout: str, dtype, device, seed: int = 0):
@@ -630,11 +766,11 @@ def environment(device) -> Dict:
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
         host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
-        sdpa_route: bool = True) -> List[Result]:
-    """Every shape, then the SDPA route row (`sdpa_route`); `checkpoint(results so far)` after each
-    (a cut run keeps what it measured)."""
+        sdpa_route: bool = True, fp8: bool = False) -> List[Result]:
+    """Every shape (fp8: the FP8 rows'), then the SDPA route row (`sdpa_route`); `checkpoint(results so
+    far)` after each (a cut run keeps what it measured)."""
     results = []
-    for shape in shapes(quick, smoke, head_dims):
+    for shape in (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)):
         if checkpoint is not None and results:
             checkpoint(results)
         log(f"{shape.label}")
@@ -685,7 +821,7 @@ def _na(key: str, used: set) -> str:
 def markdown_tables(results: List[Result]) -> str:
     route_lines = sdpa_route_table(results)
     results = [r for r in results if r.kind != SDPA_ROUTE_KIND]
-    methods = [m for m in METHODS if any(r.method == m for r in results)]
+    methods = [m for m in METHODS + FP8_METHODS if any(r.method == m for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
     out = []
@@ -733,6 +869,7 @@ def markdown_tables(results: List[Result]) -> str:
                              else _na("no GPU" if r.peak_mib is None else "no graph", why))
                     cells.append(f"{r.host_ms:.3f} / " + graph)
             out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += fp8_speedup_lines(results)
     if why:
         out += ["\n" + "; ".join(f"n/a ({key}): {NA_REASONS[key]}" for key in sorted(why)) + "."]
     notes = sorted({f"{r.method}: {r.note[5:]}" for r in results if r.note.startswith("n/a")})
@@ -818,7 +955,7 @@ def plot(results: List[Result], path: str, title: str):
     for col, (d, causal) in enumerate(panels):
         for row, mode in enumerate(("fwd", "fwd+bwd")):
             ax = axes[row][col]
-            for method in METHODS:
+            for method in METHODS + FP8_METHODS:
                 pts = sorted((r.shape["seqlen"], r.tflops) for r in dense
                              if r.method == method and r.mode == mode and r.shape["head_dim"] == d
                              and r.shape["causal"] == causal)
@@ -852,9 +989,12 @@ def add_arguments(parser: argparse.ArgumentParser):
                              "interpreter's and memory / graph cells read n/a (no GPU)")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                         help="input dtype (default bf16; use fp16 on MI100 / gfx908)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None,
+    parser.add_argument("--methods", nargs="+", choices=METHODS + FP8_METHODS, default=None,
                         help="methods to run (default: all; --smoke: fa_amd sdpa_flash eager); unavailable "
                              "ones print n/a with the reason")
+    parser.add_argument("--fp8", action="store_true",
+                        help="the FP8 rows instead: d128 shapes, fa_amd's FP8 forward (FA3-style inputs, and "
+                             "flash_attn_fp8_func) vs its bf16 forward and torch's FP8 attention where it has one")
     parser.add_argument("--out", metavar="DIR", help="write results.json, bench.png and bench.md here (a run cut "
                                                      "short leaves results.partial.json)")
     parser.add_argument("--markdown", metavar="PATH", help="write a performance doc (e.g. docs/PERFORMANCE.md)")
@@ -934,6 +1074,8 @@ def run_cli(args) -> int:
             return 2
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
         methods = args.methods or (("fa_amd", "sdpa_flash", "eager") if args.smoke else METHODS)
+        if args.fp8 and not args.methods:
+            methods = FP8_DEFAULT_METHODS
         env = environment(device)
         print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
               f"{args.dtype}")
@@ -955,7 +1097,7 @@ def run_cli(args) -> int:
             os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
                       host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None,
-                      sdpa_route=not args.no_sdpa_route)
+                      sdpa_route=not (args.no_sdpa_route or args.fp8), fp8=args.fp8)
         payload = payload_of(results)
         if args.out and os.path.exists(os.path.join(args.out, "results.partial.json")):
             os.remove(os.path.join(args.out, "results.partial.json"))

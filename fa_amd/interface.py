@@ -32,12 +32,12 @@ _CHECK_VARLEN = os.environ.get("FA_AMD_CHECK_VARLEN", "1") != "0"
 
 # --------------------------------------------------------------------------- checks
 
-def _check_tensor(name: str, x, rank: int, layout: str):
+def _check_tensor(name: str, x, rank: int, layout: str, dtypes=SUPPORTED_DTYPES):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != rank:
         raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(x.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
+    if x.dtype not in dtypes:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
@@ -46,11 +46,11 @@ def _check_device(name: str, x: torch.Tensor, ref: torch.Tensor):
         raise ValueError(f"{name} is on {x.device} but q is on {ref.device}; all inputs must share one device")
 
 
-def _check_qkv(q, k, v, varlen: bool):
+def _check_qkv(q, k, v, varlen: bool, dtypes=SUPPORTED_DTYPES):
     rank, layout = (3, "(total_tokens, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
-    _check_tensor("q", q, rank, layout)
-    _check_tensor("k", k, rank, layout)
-    _check_tensor("v", v, rank, layout)
+    _check_tensor("q", q, rank, layout, dtypes)
+    _check_tensor("k", k, rank, layout, dtypes)
+    _check_tensor("v", v, rank, layout, dtypes)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     _check_device("k", k, q)
@@ -240,6 +240,26 @@ def _cu_seqlens_stats(cu):
     return tuple(torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist())
 
 
+def _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Checks cu_seqlens_q/k and max_seqlen_q/k against q and k; returns (batch, cu_seqlens_q,
+    cu_seqlens_k), the cu_seqlens made contiguous (_check_cu_seqlens)."""
+    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    batch = cu_seqlens_q.numel() - 1
+    if batch + 1 > MAX_GRID_YZ:  # one more program row writes the tokens past cu_seqlens_q[-1]
+        raise ValueError(f"at most {MAX_GRID_YZ - 1} sequences per varlen call are supported, got {batch}")
+    return batch, cu_seqlens_q, cu_seqlens_k
+
+
+def _is_fp8_call(tensors, options) -> bool:
+    """FP8 q/k/v (one-byte floats) or an FP8-only option given: the call belongs to fa_amd.fp8."""
+    return any(o is not None for o in options) or any(
+        isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1 for x in tensors)
+
+
 def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:
     """Philox (seed, offset) for this call, drawn from torch's generator on the
     device: different every call, reproducible under torch.manual_seed, and a
@@ -256,7 +276,8 @@ def _finish(out, lse, probs, return_attn_probs):
 # --------------------------------------------------------------------------- dense
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None, s_aux=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sinks=None, s_aux=None, *,
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
 
     causal is aligned to the bottom-right corner when seqlen_q != seqlen_k.
@@ -269,7 +290,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     sinks (alias s_aux): optional learnable attention sinks, (nheads,) logits that join each row's
     softmax denominator only (gpt-oss; FA3/vLLM's `s_aux`), differentiable; softmax_lse then includes
     them.  With dropout, the probabilities (sink's share included in their denominator) are dropped.
+    FP8 q, k, v (FA3 style, forward only): q_descale, k_descale, v_descale fp32 (batch, nheads_k),
+    default 1; out is bfloat16 or out_dtype (fa_amd.fp8).
     """
+    if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
+        from . import fp8  # fp8 sits above this module (it reuses the checks here)
+        return fp8.descaled_attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size,
+                                      softcap, alibi_slopes, deterministic, return_attn_probs,
+                                      q_descale, k_descale, v_descale, out_dtype, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
@@ -312,7 +340,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, sinks=None, s_aux=None,
-                           seqused_k=None):
+                           seqused_k=None, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch+1,).
 
     Segments may be empty and seqlen_q != seqlen_k per segment. softmax_lse is
@@ -324,7 +352,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Tokens past cu_seqlens_q[-1] / cu_seqlens_k[-1] (a static buffer longer than the batch, e.g.
     for CUDA graphs) belong to no sequence: their output and gradients are 0 and their lse +inf.
     sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
+    FP8 q, k, v as in flash_attn_func (descales (batch, nheads_k), batch = len(cu_seqlens_q) - 1).
     """
+    if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
+        from . import fp8  # fp8 sits above this module (it reuses the checks here)
+        return fp8.descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                      return_attn_probs, q_descale, k_descale, v_descale, out_dtype, sinks=sinks,
+                                      s_aux=s_aux, block_table=block_table, seqused_k=seqused_k)
     if block_table is not None or seqused_k is not None:
         return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
@@ -332,14 +367,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
-    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
-    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
-                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    batch = cu_seqlens_q.numel() - 1
-    if batch + 1 > MAX_GRID_YZ:  # one more program row writes the tokens past cu_seqlens_q[-1]
-        raise ValueError(f"at most {MAX_GRID_YZ - 1} sequences per varlen call are supported, got {batch}")
+    batch, cu_seqlens_q, cu_seqlens_k = _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k)
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
     sinks = _check_sinks(sinks, s_aux, q, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))

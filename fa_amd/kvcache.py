@@ -8,6 +8,9 @@ values (cache_seqlens, cache_batch_idx, cache_leftpad, block_table entries) only
 no sync (CPU tensors, i.e. the interpreter) or when FA_AMD_CHECK_KVCACHE=1 (one device->host copy
 per tensor version, memoized; skipped under graph capture and torch.compile).  The kernels clamp
 every such index, so unchecked bad values never read or write outside the tensors.
+
+FP8 KV caches (k_cache / v_cache in one FP8 type, with k_descale / v_descale, and q FP8 with
+q_descale or high-precision): fa_amd.fp8.kvcache_fp8_args states and checks the rules.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import torch
 from torch import Tensor
 
 from .arch import INTERPRET, arch_for, check_interpreter_supported
-from .interface import (MAX_HEAD_DIM, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks, _check_tensor,
-                        _normalize_scalars)
+from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
+                        _check_tensor, _normalize_scalars)
 from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
@@ -37,9 +40,10 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 @torch.library.custom_op("fa_amd::kvcache_append", mutates_args=("k_cache", "v_cache"))
 def _append_op(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
                cache_seqlens_int: Optional[int], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
-               rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool) -> None:
+               rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
+               descale: Optional[Tensor] = None) -> None:
     _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-            rotary_sin, rotary_interleaved)
+            rotary_sin, rotary_interleaved, descale)
 
 
 @_append_op.register_fake
@@ -55,11 +59,12 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, softmax_scale: float
                cache_leftpad: Optional[Tensor], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                key_mask: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
                rotary_interleaved: bool, rotary_per_token: bool, num_splits: int,
-               sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+               sinks: Optional[Tensor], descale: Optional[Tensor] = None,
+               out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
-                          rotary_interleaved, rotary_per_token, num_splits, sinks)
+                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype)
 
 
 @_decode_op.register_fake
@@ -68,28 +73,30 @@ def _(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, al
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return q.new_empty(q.shape), lse
+    out_dtype = args[17] if len(args) > 17 and args[17] is not None else q.dtype  # (decode_attention passes all)
+    return q.new_empty(q.shape, dtype=out_dtype), lse
 
 
 def _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-            rotary_sin, rotary_interleaved):
+            rotary_sin, rotary_interleaved, descale=None):
     cfg = get_decode_config(arch_for(k), head_dim_padded(k.shape[-1]), k.dtype == torch.float32)["append"]
     kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-              rotary_sin, rotary_interleaved, cfg)
+              rotary_sin, rotary_interleaved, cfg, descale)
 
 
 def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes=None,
                      cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                      cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                      key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                     rotary_per_token=False, num_splits=0, sinks=None):
+                     rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None):
     """(out, lse) of the decode kernel on already-checked arguments: the custom op while
     torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward)."""
     fn = _decode_op if torch.compiler.is_compiling() else decode_forward
+    fp8 = (descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
     return fn(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
               max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k, seqused_k, cache_leftpad,
               cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token,
-              num_splits, sinks)
+              num_splits, sinks, *fp8)
 
 
 def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
@@ -153,13 +160,14 @@ def _check_grad(what: str, **tensors):
                 f"on contiguous k/v")
 
 
-def _check_common(q, k_cache, v_cache, paged: bool):
-    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+def _check_common(q, k_cache, v_cache, paged: bool, fp8: bool = False):
+    """fp8: the dtypes were checked by fa_amd.fp8.kvcache_fp8_args (q may differ from the caches)."""
+    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)", (q.dtype,) if fp8 else SUPPORTED_DTYPES)
     layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
               else "(batch_size_cache, seqlen_cache, nheads_k, headdim)")
-    _check_tensor("k_cache", k_cache, 4, layout)
-    _check_tensor("v_cache", v_cache, 4, layout)
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+    _check_tensor("k_cache", k_cache, 4, layout, (k_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
+    _check_tensor("v_cache", v_cache, 4, layout, (v_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
+    if not fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     _check_device("k_cache", k_cache, q)
     _check_device("v_cache", v_cache, q)
@@ -247,7 +255,7 @@ def _check_rotary(rotary_cos, rotary_sin, k, d: int, capacity: int, q):
             rotary_sin if rotary_sin.stride(-1) == 1 else rotary_sin.contiguous())
 
 
-def _check_new_kv(k, v, q, k_cache, capacity: int):
+def _check_new_kv(k, v, q, k_cache, capacity: int, fp8: bool = False):
     if k is None and v is None:
         return 0
     if k is None or v is None:
@@ -255,8 +263,10 @@ def _check_new_kv(k, v, q, k_cache, capacity: int):
     batch, _, _, d = q.shape
     hk = k_cache.shape[2]
     for name, t in (("k", k), ("v", v)):
-        _check_tensor(name, t, 4, "(batch, seqlen_new, nheads_k, headdim)")
-        if t.dtype != k_cache.dtype:
+        # (an FP8 cache also takes high-precision k/v, quantised: fa_amd.fp8.kvcache_fp8_args checked them)
+        _check_tensor(name, t, 4, "(batch, seqlen_new, nheads_k, headdim)",
+                      (t.dtype,) if fp8 and isinstance(t, torch.Tensor) else SUPPORTED_DTYPES)
+        if t.dtype != k_cache.dtype and not fp8:
             raise TypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {t.dtype}")
         _check_device(name, t, q)
     if k.shape != v.shape or k.shape[0] != batch or k.shape[2] != hk or k.shape[3] != d:
@@ -279,7 +289,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            sinks=None, s_aux=None):
+                            sinks=None, s_aux=None, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Attention of q over a KV cache, appending k/v first (flash-attn 2.x semantics), forward only.
 
     q: (batch, seqlen_q, nheads, headdim).  k_cache / v_cache: (batch_size_cache, seqlen_cache,
@@ -293,9 +303,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     the GPU's SM/CU count, 1 = no split.  Returns out, and (out, softmax_lse (batch, nheads,
     seqlen_q) fp32) with return_softmax_lse.  sinks (alias s_aux): (nheads,) learnable sink logits, as
     in flash_attn_func (fa_amd's extension).  No host synchronisation: CUDA/HIP graphs capture it.
+
+    FP8 KV cache (MI300 / MI350 / NVIDIA sm89+): k_cache and v_cache in the arch's FP8 type with
+    k_descale / v_descale fp32 (batch, nheads_k) (real values = x8 * descale, default 1); q either FP8
+    of the same type with q_descale (both products in FP8, as FA3) or fp16 / bf16 / fp32 (K and V are
+    widened to q's dtype in the kernel).  New k / v in the cache's FP8 type are stored as given (already
+    scaled); high-precision new k / v are quantised with k_descale / v_descale (fp8(clamp(x /
+    descale)), saturating, as vLLM writes its FP8 caches), after rotary.  Output: out_dtype, default
+    bfloat16 for FP8 q and q's dtype otherwise.  Descale row b belongs to q's sequence b (whatever
+    cache row / pages it reads).  Rules and errors: fa_amd.fp8.kvcache_fp8_args.
     """
     paged = block_table is not None
-    _check_common(q, k_cache, v_cache, paged)
+    descale = out_dtype_fp8 = None
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
+            isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1
+            for x in (q, k_cache, v_cache, k, v)):
+        from .fp8 import kvcache_fp8_args  # fp8 sits above this module
+
+        batch_q = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
+        descale, out_dtype_fp8 = kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
+                                                  out_dtype, batch_q)
+    fp8 = descale is not None
+    _check_common(q, k_cache, v_cache, paged, fp8)
     batch, seqlen_q, hq, d = q.shape
     if batch > MAX_GRID_YZ:
         raise ValueError(f"batch size must be at most {MAX_GRID_YZ}, got {batch}")
@@ -307,7 +336,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         capacity = k_cache.shape[1]
-    seqlen_new = _check_new_kv(k, v, q, k_cache, capacity)
+    seqlen_new = _check_new_kv(k, v, q, k_cache, capacity, fp8)
     _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
@@ -350,14 +379,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if seqlen_new:
         append = _append_op if torch.compiler.is_compiling() else _append
         append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-               rotary_sin, rotary_interleaved)
+               rotary_sin, rotary_interleaved, *((descale,) if fp8 else ()))
     local = tuple(window_size) != (-1, -1)
     out, lse = decode_attention(
         q, k_cache, v_cache, scale, left, right, softcap, alibi_slopes,
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks)
+        rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks, descale=descale,
+        out_dtype=out_dtype_fp8)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -395,18 +425,30 @@ def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
 
 def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                            block_table, seqused_k, sinks=None, s_aux=None):
+                            block_table, seqused_k, sinks=None, s_aux=None, q_descale=None, k_descale=None,
+                            v_descale=None, out_dtype=None):
     """flash_attn_varlen_func with block_table (paged k/v: (num_blocks, page_block_size, nheads_k,
     headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
     and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
-    Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel."""
+    Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel.
+    FP8 k/v pages (fa_amd.fp8.descaled_attention routes FP8 calls here) with their descales
+    (batch, nheads_k): as flash_attn_with_kvcache's FP8 cache (fa_amd.fp8.kvcache_fp8_args)."""
     paged = block_table is not None
-    _check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    descale = None
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
+            isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1 for x in (q, k, v)):
+        from .fp8 import kvcache_fp8_args  # fp8 sits above this module
+
+        batch_q = cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else 0
+        descale, out_dtype = kvcache_fp8_args(q, k, v, None, None, q_descale, k_descale, v_descale, out_dtype,
+                                              batch_q, cache_names=("k", "v"))
+    fp8 = descale is not None
+    _check_tensor("q", q, 3, "(total_q, nheads, headdim)", (q.dtype,) if fp8 else SUPPORTED_DTYPES)
     layout = ("(num_blocks, page_block_size, nheads_k, headdim) when block_table is given" if paged
               else "(total_k, nheads_k, headdim)")
-    _check_tensor("k", k, 4 if paged else 3, layout)
-    _check_tensor("v", v, 4 if paged else 3, layout)
-    if not (q.dtype == k.dtype == v.dtype):
+    _check_tensor("k", k, 4 if paged else 3, layout, (k.dtype,) if fp8 else SUPPORTED_DTYPES)
+    _check_tensor("v", v, 4 if paged else 3, layout, (v.dtype,) if fp8 else SUPPORTED_DTYPES)
+    if not fp8 and not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     _check_device("k", k, q)
     _check_device("v", v, q)
@@ -468,5 +510,6 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                                seqused_k=seqused_k, block_table=block_table, sinks=sinks)
+                                seqused_k=seqused_k, block_table=block_table, sinks=sinks, descale=descale,
+                                out_dtype=out_dtype)
     return out

@@ -183,3 +183,90 @@ def attention_paged_varlen_ref(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, 
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32)
     return attention_varlen_ref(q, torch.cat(keys), torch.cat(values), cu_seqlens_q, cu_k,
                                 alibi_slopes=alibi_slopes, **kwargs)
+
+
+# --------------------------------------------------------------------------- FP8 emulation
+
+def fp8_quantize_ref(x, fp8_dtype, cu_seqlens=None):
+    """(x rounded to fp8 as fa_amd.fp8 does it, descale): one amax scale per (sequence, head) --
+    scale = fp8_max / amax, x8 = fp8(clamp(fp32(x) * scale)), descale = amax / fp8_max (1 where a
+    head is all zero) -- written as plain loops.  Returns x8 (fp8, x's shape) and descale float32
+    (batch, nheads)."""
+    fp8_max = torch.finfo(fp8_dtype).max
+    x = x.detach().float()
+    if cu_seqlens is None:
+        segments = [x[i] for i in range(x.shape[0])]
+    else:
+        bounds = cu_seqlens.tolist()
+        segments = [x[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
+    x8 = torch.zeros(x.shape, dtype=fp8_dtype, device=x.device)
+    descale = torch.ones(len(segments), x.shape[-2], dtype=torch.float32, device=x.device)
+    start = 0
+    for i, seg in enumerate(segments):
+        for h in range(x.shape[-2]):
+            amax = seg[:, h].abs().max() if seg.numel() else x.new_zeros(())
+            scale = fp8_max / amax if amax > 0 else x.new_ones(())
+            if amax > 0:
+                descale[i, h] = amax / fp8_max
+            rounded = (seg[:, h] * scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+            if cu_seqlens is None:
+                x8[i, :, h] = rounded
+            else:
+                x8[start:start + seg.shape[0], h] = rounded
+        start += seg.shape[0]
+    return x8, descale
+
+
+def fp8_scale_ref(x, descale, fp8_dtype):
+    """x (batch, seqlen, nheads, d) quantised with a GIVEN descale (batch, nheads), as an FP8 KV cache
+    takes high-precision keys/values (fa_amd.kvcache): fp8(clamp(fp32(x) / descale, +-fp8 max)),
+    round to nearest even."""
+    fp8_max = torch.finfo(fp8_dtype).max
+    scaled = x.detach().float() / descale.float()[:, None, :, None]
+    return scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype)
+
+
+def fp8_dequantize_ref(x8, descale, cu_seqlens=None):
+    """float64 values of x8 * descale (descale (batch, nheads) or (batch, nheads_k) matching x8)."""
+    x = x8.double()
+    if cu_seqlens is None:
+        return x * descale.double()[:, None, :, None]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    per_token = torch.repeat_interleave(descale.double(), torch.tensor(lengths, device=x.device), dim=0)
+    out = x.clone()
+    out[:per_token.shape[0]] *= per_token[:, :, None]
+    return out
+
+
+def attention_grads_from_stats(q, k, v, out, lse, dout, *, causal=False, window_size=(-1, -1), softmax_scale=None):
+    """(dq, dk, dv) of dense attention at q, k, v (b, s, h, d), with the softmax rebuilt from the
+    given row statistics as flash backward kernels do: P = exp(S - lse), dS = P * (dO V^T -
+    rowsum(dO * out)).  With out and lse of an FP8 forward this is the backward rule of
+    fa_amd.fp8's quantising functions; computed in float64.  (Masks: causal and window only.)"""
+    q, k, v, out, dout = (x.double() for x in (q, k, v, out, dout))
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    group = hq // hk
+    ke, ve = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    rel = torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None] - (sk - sq)
+    left, right = window_size
+    if causal:
+        right = 0
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        keep &= rel <= right
+    if left >= 0:
+        keep &= rel >= -left
+    lse = lse.double()  # +inf on rows that see no key: P = 0 there
+    p = torch.exp(scores - lse[..., None]).masked_fill(~keep, 0.0)
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dout, ve)
+    delta = (dout * out).sum(-1).transpose(1, 2)  # (b, h, sq)
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    dk = dk.view(b, sk, hk, group, d).sum(3)
+    dv = dv.view(b, sk, hk, group, d).sum(3)
+    return dq, dk, dv

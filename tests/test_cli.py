@@ -50,6 +50,22 @@ def test_bench_smoke(tmp_path):
     assert res2.returncode == 0 and (tmp_path / "P2.md").read_text() == doc.replace("PERF.png", "P2.png")
 
 
+def test_bench_fp8_smoke(tmp_path):
+    """--fp8: fa_amd's FP8 forward rows beside its bf16 forward, with the speedup lines; torch's
+    FP8 SDPA is probed (n/a on CPU) and FA3-style FP8 inputs have no fwd+bwd row."""
+    res = run_cli("bench", "--smoke", "--fp8", "--methods", "fa_amd", "fa_amd_fp8", "fa_amd_fp8_func", "sdpa_cudnn_fp8",
+                  "--out", str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    rows = {(r["method"], r["mode"], r["kind"]): r for r in results}
+    for method in ("fa_amd", "fa_amd_fp8", "fa_amd_fp8_func"):
+        assert rows[(method, "fwd", "gqa")]["tflops"] > 0
+    assert rows[("fa_amd_fp8_func", "fwd+bwd", "dense")]["tflops"] > 0
+    assert "forward only" in rows[("fa_amd_fp8", "fwd+bwd", "dense")]["note"]
+    assert rows[("sdpa_cudnn_fp8", "fwd", "dense")]["note"].startswith("n/a")
+    assert "FP8 forward vs fa_amd bf16 forward" in res.stdout and "fa_amd_fp8 " in res.stdout
+
+
 def test_bench_rounds_interleave_peers(monkeypatch):
     """Every (method, mode) of a shape is timed once per round, rounds start with another method each
     time, the median round is reported, and a peer that fails mid-run becomes a note, not a crash."""

@@ -85,7 +85,8 @@ def dot_rows_nt(acc, A_rows, a_ok, B_rows, b_ok, HEAD_DIM: tl.constexpr, D_PAD: 
         col_ok = (c + offs[None, :]) < HEAD_DIM
         a = tl.load(A_rows + (c + offs[None, :]), mask=a_ok & col_ok, other=0.0)
         b = tl.load(B_rows + (c + offs[None, :]), mask=b_ok & col_ok, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+        # B in A's dtype: a no-op but for an FP8 KV cache under a high-precision q (kernels/decode.py)
+        acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc, input_precision=INPUT_PRECISION)
     return acc
 
 

@@ -17,6 +17,14 @@ Keys [k_lo, k_end) of a sequence are attended: k_lo = cache_leftpad (0 without),
 cache_seqlens + seqlen_new (or the varlen length).  Causal / window / ALiBi positions are absolute
 key indices, diagonal at k_end - seqlen_q, which equals flash-attn's leftpad-relative convention.
 
+FP8 KV cache (fa_amd/fp8.py checks the arguments): a dtype path of the same kernels, read off the
+caches' element type.  Descale holds fp32 (q, k, v) descales per (sequence, KV head); S is scaled by
+q_descale * k_descale (folded into the score scales) and the output by v_descale.  FP8 q (same
+type as the caches) dots FP8 K directly and P is rounded to V's FP8 type as in the prefill
+forward (score_mods.p_shift); a high-precision q dots K and V widened to q's dtype.  The append
+quantises high-precision new k/v into an FP8 cache (x / descale, saturated at the type's max
+FP8_MAX, then rounded), as vLLM's cache writes do; FP8 new k/v are stored as they are.
+
 Memory safety never rests on the host: every device-provided index (cache_seqlens, leftpad,
 cache_batch_idx, block_table entries, cu_seqlens, rotary positions) is clamped into its tensor
 before it addresses memory, and an append whose target slot is outside the cache (or whose page
@@ -33,7 +41,7 @@ from ..tuning import get_decode_config, get_decode_split_policy
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import cdiv, head_dim_padded, launch, new_output, score_args
 from .rotary import rotary_forward
-from .score_mods import LN2, LOG2E, alibi_slope_log2, score_log2, sink_init
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, score_log2, sink_init
 
 
 # --------------------------------------------------------------------------- rotary (shared by q and new k)
@@ -87,8 +95,12 @@ def kv_append_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
     SEQLENS_TENSOR: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+    Descale=None, FP8_MAX: tl.constexpr = 0.0,
 ):
-    """k/v[b, t] -> cache slot cache_seqlens[b] + t of sequence b (k rotated there when ROTARY)."""
+    """k/v[b, t] -> cache slot cache_seqlens[b] + t of sequence b (k rotated there when ROTARY).
+    An FP8 cache takes high-precision k/v quantised with Descale (module doc), FP8 k/v as they are."""
+    CACHE_FP8: tl.constexpr = KCache.dtype.element_ty.is_fp8()
+    NEW_FP8: tl.constexpr = KNew.dtype.element_ty.is_fp8()
     pid_t = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -122,6 +134,13 @@ def kv_append_kernel(
         k = _rotate_rows(k, k_rows, ok[:, None], offs_d, pos, Cos, Sin, stride_cos, rot_half, seqlen_ro,
                          ROTARY_INTERLEAVED)
     v = tl.load(v_rows + offs_d[None, :], mask=ok2, other=0.0)
+    if CACHE_FP8:
+        if not NEW_FP8:  # quantise: x / descale of (sequence, KV head), saturated
+            _, k_descale, v_descale = load_descales(Descale, b, hk, tl.num_programs(1), CACHE_FP8)
+            k = k.to(tl.float32) / k_descale
+            v = tl.minimum(tl.maximum(v.to(tl.float32) / v_descale, -FP8_MAX), FP8_MAX)
+        if ROTARY or not NEW_FP8:  # (a rotated FP8 key may leave the type's range too)
+            k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
     k_dst = KCache + row64[:, None] * stride_kb + slot[:, None] * stride_kn + hk * stride_kh + offs_d[None, :]
     v_dst = VCache + row64[:, None] * stride_vb + slot[:, None] * stride_vn + hk * stride_vh + offs_d[None, :]
     tl.store(k_dst, k.to(KCache.dtype.element_ty), mask=ok2)
@@ -131,14 +150,16 @@ def kv_append_kernel(
 # --------------------------------------------------------------------------- split-KV attention
 
 @triton.jit
-def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_row, start, end,
+def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start, end,
                   offs_n, offs_d, rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp,
                   page_size, num_pages,
                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr):
+                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_FP8: tl.constexpr):
+    # K and V tiles are computed in q's dtype: a no-op cast except for an FP8 cache under a
+    # high-precision q (widened); FP8 q dots the FP8 cache as it is (module doc)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if PAGED:
@@ -167,7 +188,7 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_ro
                 kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             else:
                 kT = tl.load(kT_ptrs)
-            qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+            qk = tl.dot(q, kT.to(Q.dtype.element_ty), input_precision=INPUT_PRECISION)
         s, _ = score_log2(qk, rows_tok[:, None], cols[None, :], diag, k_end, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
@@ -183,7 +204,7 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_ro
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_shift = m_new
-        p = tl.exp2(s - m_shift[:, None])
+        p = tl.exp2(s - p_shift(m_shift, Q_FP8)[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -193,6 +214,7 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, K_base, V_base, BT_row, KM_ro
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             v = tl.load(v_ptrs)
+        v = v.to(Q.dtype.element_ty)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -213,7 +235,7 @@ def decode_kernel(
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr, SPLIT: tl.constexpr,
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False,
+    Sinks=None, HAS_SINKS: tl.constexpr = False, Descale=None, FP8_MAX: tl.constexpr = 0.0,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -224,6 +246,7 @@ def decode_kernel(
     OutPart / LsePart (split, token, head), merged by split_merge_kernel; else Out / Lse directly.
     Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
     adds them instead, so each row counts its sink once.
+    FP8 caches (and q) with Descale (batch, n_kv_heads, 3): module doc.
     """
     n_kv_heads = n_heads // GROUP
     hk = tl.program_id(0) % n_kv_heads
@@ -231,6 +254,12 @@ def decode_kernel(
     split = tl.program_id(1)
     b = tl.program_id(2)
     b64 = b.to(tl.int64)
+    KV_FP8: tl.constexpr = K.dtype.element_ty.is_fp8()
+    Q_FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
+    q_descale, k_descale, v_descale = load_descales(Descale, b, hk, n_kv_heads, KV_FP8)
+    if KV_FP8:  # S = (q . k8) * q_descale * k_descale: folded into the scalar score scales
+        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
+        softcap_div = softcap_div * (q_descale * k_descale)
 
     # ---- query rows of this tile: r = token * GROUP + head-in-group
     if Q_VARLEN:
@@ -321,7 +350,10 @@ def decode_kernel(
         else:
             pos = rot_base + tok * 0
         q = _rotate_rows(q, q_rows[:, None], row_ok[:, None], offs_d, pos, Cos, Sin, stride_cos, rot_half,
-                         seqlen_ro, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
+                         seqlen_ro, ROTARY_INTERLEAVED)
+        if Q_FP8:  # a rotated FP8 query may leave the type's range
+            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+        q = q.to(Q.dtype.element_ty)
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h[:, None], HAS_ALIBI)
     offs_n = tl.arange(0, BLOCK_N)
@@ -330,28 +362,33 @@ def decode_kernel(
     if HAS_SINKS:
         if not SPLIT:
             m_i, l_i = sink_init(Sinks, h, BLOCK_M)
+            if Q_FP8:  # l_i sums P * 2**FP8_P_LOG2 (score_mods.p_shift): the sink's term too
+                l_i = l_i * FP8_P_SCALE
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, s_lo, a1,
-                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
-                                  page_size, num_cache_rows,
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
+                                  s_lo, a1, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
+                                  stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a1, a2,
-                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
-                                  page_size, num_cache_rows,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
+                                  a1, a2, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
+                                  stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, K_base, V_base, BT_row, KM_row, a2, s_hi,
-                                  offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb, stride_vb,
-                                  page_size, num_cache_rows,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
+    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
+                                  a2, s_hi, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
+                                  stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK)
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    if KV_FP8:
+        out = out * v_descale
+        m_i = p_shift(m_i, Q_FP8)  # l_i summed P * 2**FP8_P_LOG2
     lse2 = tl.where(empty_row, float("-inf"), m_i + tl.log2(tl.where(empty_row, 1.0, l_i)))
     if SPLIT:
         # (split, token, head) rows of the partial buffers; tokens are numbered over the whole batch
@@ -452,10 +489,20 @@ def _num_splits(programs: int, key_blocks: int, sms: int, policy_items: tuple, r
     return next(s for s in range(1, most + 1) if efficiency(s) >= policy["efficiency"] * best)
 
 
+def _fp8_kwargs(cache, descale):
+    """The FP8 kernels' extra launch arguments for an FP8 cache with its descales (none otherwise:
+    launches without them compile to the same code as before FP8 existed)."""
+    if descale is None:
+        return {}
+    return dict(Descale=descale, FP8_MAX=float(torch.finfo(cache.dtype).max))
+
+
 def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
-              rotary_cos, rotary_sin, rotary_interleaved, cfg):
+              rotary_cos, rotary_sin, rotary_interleaved, cfg, descale=None):
     """Writes k/v (batch, seqlen_new, hk, d) into the caches at cache_seqlens (tensor, else the int),
-    through cache_batch_idx or the block table, rotating k when rotary_cos/sin are given.  No sync."""
+    through cache_batch_idx or the block table, rotating k when rotary_cos/sin are given.  No sync.
+    FP8 caches come with `descale`, fp32 (batch, hk, 3) contiguous: high-precision k/v are quantised
+    with its k and v columns (module doc)."""
     batch, seqlen_new, hk, d = k.shape
     if batch == 0 or seqlen_new == 0 or hk == 0:
         return
@@ -476,7 +523,7 @@ def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_ba
         rotary_cos.shape[0] if rotary else 1,
         HEAD_DIM=d, D_PAD=head_dim_padded(d), BLOCK_T=cfg["BLOCK_M"],
         SEQLENS_TENSOR=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
-        ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved),
+        ROTARY=rotary, ROTARY_INTERLEAVED=bool(rotary_interleaved), **_fp8_kwargs(k_cache, descale),
         **{k_: v_ for k_, v_ in cfg.items() if k_ != "BLOCK_M"})
 
 
@@ -509,7 +556,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                   rotary_per_token=False, num_splits=0, sinks=None):
+                   rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -520,6 +567,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     capacity) + seqlen_new already-appended ones, or cu_seqlens_k / seqused_k lengths; from
     cache_leftpad[b] on; key_mask (batch, >= keys) uint8 drops single keys; sinks: fp32 (hq,)
     learnable sink logits.  lse: (batch, hq, seqlen_q) fp32, (hq, total_q) for varlen q.
+    FP8 caches (q FP8 of their type, or high precision) come with `descale`, fp32 (batch, hk, 3)
+    contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
     """
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
@@ -533,7 +582,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     packed = cu_seqlens_k is not None and not paged
     hk = k_cache.shape[-2]
     group = hq // hk
-    out = new_output(q, q.shape)
+    out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, total_q) if q_varlen else (batch, hq, seqlen_q), torch.float32)
     if batch == 0 or seqlen_q == 0 or total_q == 0:
         return out, lse
@@ -557,11 +606,12 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         k_lens = 0
         if cache_seqlens_int is None:  # the whole cache
             cache_seqlens_int, seqlen_new = capacity, 0
-    d_pad = head_dim_padded(d)
+    d_pad = head_dim_padded(d, fp8=descale is not None)
     arch = arch_for(q)
-    cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32)["decode"]
+    fp8 = descale is not None  # an FP8 KV cache: the tables' FP8 overrides (tables.DECODE_FP8)
+    cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, fp8=fp8)["decode"]
     if seqlen_q * group > cfg["BLOCK_M"]:
-        cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True)["decode"]
+        cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True, fp8=fp8)["decode"]
     n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
     splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q),
                                get_decode_split_policy(arch), num_splits)
@@ -606,7 +656,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                   ROTARY_PER_TOKEN=bool(rotary_per_token) and rotary, SPLIT=split, **flags)
     # sinks only when given: a launch without them compiles to the same code as before they existed
     sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
-    kwargs.update(sink_kwargs)
+    kwargs.update(sink_kwargs, **_fp8_kwargs(k_cache, descale))
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
     launch(decode_kernel, cfg, lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"]), (splits, batch), args, kwargs)
     if split:

@@ -13,6 +13,12 @@ S = QK^T N head-dim columns at a time (blocks.dot_rows_nt).  Why: RDNA3 WMMA
 replicates each dot operand across the two lane halves, so a 16-row slice of a
 d-wide operand costs d/2 of the 256 VGPRs of a wave32 lane, and the resident
 kernels spill at every tile size for d128 and d256 there (docs/AOT.md).
+
+FP8 (fa_amd/fp8.py) is a dtype path of the same kernels: FP8 is a constexpr read off Q's
+element type; the descale operand scales S and the output, P is rounded to V's fp8 type
+for the P.V dot (score_mods.load_descales / p_shift), and dense V may be token-major per
+head (stride_vn == 1, rows stride_vd apart: tables.FP8_V_TOKEN_MAJOR).  Other dtypes
+compile exactly as before (stride_vd == 1, descale unused).
 """
 import torch
 import triton
@@ -24,8 +30,8 @@ from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
 from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
     score_args, shape_info
-from .score_mods import LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
-    sink_init, tail_start
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
+    load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
 
 # programs per (sequence, KV head) of v_nan_flags_kernel: each writes its own flags, so the flag
@@ -34,27 +40,31 @@ NAN_SPLITS = tl.constexpr(8)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, start, end,
-               offs_m, offs_n, offs_d, diag, k_len,
+def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, start, end,
+               offs_m, offs_n, offs_d, diag, k_len, v_len,
                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                seed, seed_offset, bh, keep_threshold,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr):
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
+        if FP8:
+            # every non-empty range of blocks.key_ranges starts on a multiple of BLOCK_N; said here so
+            # token-major V tiles (contiguous along cols) load as aligned vectors
+            cols = tl.max_contiguous(tl.multiple_of(start_n + offs_n, BLOCK_N), BLOCK_N)
         if RELOAD_CHUNK:
             # q streamed in head-dim chunks with each key block
             qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
                               q_rows, offs_m[:, None] < in_loop(q_len, start_n, end),
                               K_head + cols[:, None] * stride_kn, cols[:, None] < k_len,
                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
-            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
         else:
             kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
-            v_ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+            v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
             if MASK:
                 kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             elif D_PAD != HEAD_DIM:
@@ -68,7 +78,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             # argument as one FMA per element (scale > 0 keeps the max where it was)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
             m_shift = m_new
-            p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+            p = tl.exp2(qk * qk_scale_log2 - p_shift(m_shift, FP8)[:, None])
         else:
             s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                               softcap_log2, slope_log2, win_left, win_right,
@@ -79,7 +89,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
                 m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             else:
                 m_shift = m_new
-            p = tl.exp2(s - m_shift[:, None])
+            p = tl.exp2(s - p_shift(m_shift, FP8)[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -87,7 +97,7 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             p = tl.where(keep, p, 0.0)
         if MASK:
-            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < v_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif D_PAD != HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
@@ -103,12 +113,12 @@ def attn_fwd_kernel(
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
+    stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     total_q, total_k, NanFlags,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -121,6 +131,8 @@ def attn_fwd_kernel(
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
+    FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
             # the extra program row: tokens past cu_seqlens_q[-1] (legal: static buffers) belong to
@@ -144,6 +156,17 @@ def attn_fwd_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
+    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)
+    v_len = k_len  # the keys' V rows the masked loads read
+    if FP8:  # S = (q8 . k8) * q_descale * k_descale: folded into the scalar score scales
+        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
+        softcap_div = softcap_div * (q_descale * k_descale)
+        if not IS_VARLEN:
+            # token-major V (stride_vn == 1; fa_amd.fp8 pads its rows to a multiple of 16 tokens with
+            # zeros): masked tiles read whole rows up to the row stride, so their loads stay 16-byte
+            # vectors and the tile goes to shared memory by cp.async like the unmasked ones (its
+            # P columns past k_len are 0).  Head-dim-major V has stride_vd == 1: v_len is k_len.
+            v_len = (k_len + stride_vd - 1) // stride_vd * stride_vd
 
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
@@ -164,33 +187,38 @@ def attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_SINKS:
         m_i, l_i = sink_init(Sinks, h, BLOCK_M)
+        if FP8:  # l_i sums P * 2**FP8_P_LOG2 (score_mods.p_shift): the sink's term too
+            l_i = l_i * FP8_P_SCALE
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
-                                   offs_m, offs_n, offs_d, diag, k_len,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                                   lo, full_lo, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
                                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
-                               offs_m, offs_n, offs_d, diag, k_len,
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                               full_lo, full_hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
-                               offs_m, offs_n, offs_d, diag, k_len,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+                               full_hi, hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE)
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
     if HAS_DROPOUT:
         out = out * keep_scale
+    if FP8:
+        out = out * v_descale
+        m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
     if HAS_LEFT or HAS_RIGHT:
         # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
@@ -212,9 +240,11 @@ def attn_fwd_kernel(
 @triton.jit
 def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, stride_vn, stride_vh,
                        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                       IS_VARLEN: tl.constexpr):
+                       IS_VARLEN: tl.constexpr, stride_vd=1):
     """NanFlags[b, hk, split, d] = 1 if V of sequence b, KV head hk holds a NaN in feature d of key
-    blocks split, split + NAN_SPLITS, ...; else 0 (every entry is written)."""
+    blocks split, split + NAN_SPLITS, ...; else 0 (every entry is written).  FP8 V (a dtype path, as
+    in attn_fwd_kernel) is compared in fp32 and may be token-major (stride_vd)."""
+    FP8: tl.constexpr = V.dtype.element_ty.is_fp8()
     split = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -225,8 +255,10 @@ def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, 
     found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int32)
     for n0 in range(split * BLOCK_N, k_len, NAN_SPLITS * BLOCK_N):
         rows = n0 + offs_n
-        v = tl.load(V_head + rows[:, None] * stride_vn + offs_d[None, :],
+        v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
                     mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if FP8:
+            v = v.to(tl.float32)
         found = tl.maximum(found, (v != v).to(tl.int32))
     tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * NAN_SPLITS + split) * D_PAD + offs_d, tl.max(found, 0))
 
@@ -236,7 +268,8 @@ def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k):
     flags = torch.empty((batch, hk, NAN_SPLITS.value, d_pad), device=v.device, dtype=torch.int32)
     v_nan_flags_kernel[(NAN_SPLITS.value, hk, batch)](
         v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen),
-        HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen)
+        HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
+        **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}))
     return flags
 
 
@@ -252,7 +285,7 @@ def attn_probs_kernel(
     stride_pb, stride_ph, stride_pm,
     Alibi, stride_ab, SeedState, keep_threshold,
     total_q, total_k,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -275,6 +308,11 @@ def attn_probs_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     row_mask = offs_m < q_len
+    FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
+    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)  # v: unused
+    if FP8:  # as in attn_fwd_kernel
+        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
+        softcap_div = softcap_div * (q_descale * k_descale)
     if RELOAD_CHUNK:
         q_rows = (Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
                   + offs_m[:, None] * stride_qm)
@@ -314,45 +352,54 @@ def attn_probs_kernel(
 # --------------------------------------------------------------------------- launcher
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None):
+                      window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None,
+                      descale=None, out_dtype=None):
     """Returns (out, softmax_lse, probs); probs is empty unless return_probs.
 
     sinks: None, or fp32 (nheads_q,) learnable sink logits that join each row's softmax
-    denominator (softmax_lse then includes them; probs exclude the sink's share)."""
+    denominator (softmax_lse then includes them; probs exclude the sink's share).
+    FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
+    (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
+    both); V may then also be token-major per head (v.stride(-3) == 1)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-    out = new_output(q, q.shape)
+    out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
     # (empty unless asked for: no zero-fill dispatch per call)
-    probs = q.new_zeros((batch, hq, max_seqlen_q, max_seqlen_k)) if return_probs else q.new_empty((0,))
+    probs = q.new_zeros((batch, hq, max_seqlen_q, max_seqlen_k), dtype=out.dtype) if return_probs \
+        else q.new_empty((0,), dtype=out.dtype)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
         return out.zero_(), lse.fill_(float("inf")), probs
-    d_pad = head_dim_padded(d)
+    d_pad = head_dim_padded(d, fp8=descale is not None)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
     arch = arch_for(q)
-    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k))
+    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k),
+                         fp8=descale is not None)
     # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
+    descale = q if descale is None else descale  # read only on the FP8 path
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference
     nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k) \
         if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else q
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
-        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), *row_strides(out, varlen),
-        *lse_strides(lse, varlen)), dict(keep_scale=keep_scale, **scalars, **common, NanFlags=nan_flags,
-                                          POSITIVE_SCALE=softmax_scale > 0 and raw_max,
-                                          **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
+        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
+        *row_strides(out, varlen), *lse_strides(lse, varlen)),
+        dict(keep_scale=keep_scale, descale=descale, **scalars, **common, NanFlags=nan_flags,
+             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
         launch(attn_probs_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
             q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
-            probs.stride(0), probs.stride(1), probs.stride(2)), dict(SeedState=seed_state, **scalars, **common))
+            probs.stride(0), probs.stride(1), probs.stride(2)),
+            dict(SeedState=seed_state, descale=descale, **scalars, **common))
     return out, lse, probs

@@ -57,8 +57,13 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def head_dim_padded(head_dim: int) -> int:
-    return max(16, next_power_of_2(head_dim))
+# FP8 dots take K >= 32 (NVIDIA's fp8 mma / wgmma are k32: Triton rejects a 16-deep fp8 dot on
+# sm90, checked with the AOT compiler), so FP8 launches pad the head dim to at least 32
+FP8_MIN_D_PAD = 32
+
+
+def head_dim_padded(head_dim: int, fp8: bool = False) -> int:
+    return max(FP8_MIN_D_PAD if fp8 else 16, next_power_of_2(head_dim))
 
 
 def row_strides(x: torch.Tensor, varlen: bool):

@@ -160,3 +160,51 @@ def sink_grad_rows(Sinks, h, lse, delta, row_ok):
     sink = tl.load(Sinks + h).to(tl.float32)
     p_sink = tl.exp2((sink - lse) * LOG2E)
     return -tl.sum(tl.where(row_ok, p_sink * delta, 0.0), 0)
+
+
+# --------------------------------------------------------------------------- FP8 operands
+# FP8 is a dtype path of the same kernels, not a copy: a kernel's FP8 constexpr is Q's element type
+# being an fp8 type (a compile-time fact, so a mismatch between flag and data cannot happen).
+# Then S = (q8 . k8) * q_descale * k_descale (folded into the scalar score scales), P is rounded
+# to V's fp8 type for the P.V dot, and out = (P8 . v8) / l * v_descale.  P (<= 1) is scaled by
+# 2**FP8_P_LOG2 before the rounding so small probabilities stay in fp8's normal range instead of
+# flushing to zero; l is summed from the same scaled P, so the factor cancels in out = acc / l and
+# only the lse subtracts it.  2**7: P*128 <= 128 fits every fp8 type (e4m3fnuz's max is 240).
+FP8_P_LOG2 = tl.constexpr(7.0)
+FP8_P_SCALE = tl.constexpr(128.0)  # 2**FP8_P_LOG2
+
+
+@triton.jit
+def load_descales(Descale, b, h, nheads, FP8: tl.constexpr):
+    """(q, k, v) descale of (batch b, query head h): Descale is fp32 (batch, nheads, 3), contiguous,
+    holding each query head's q descale and its KV head's k and v descales; 1.0 without FP8."""
+    q_descale = 1.0
+    k_descale = 1.0
+    v_descale = 1.0
+    if FP8:
+        ptr = Descale + (b.to(tl.int64) * nheads + h) * 3
+        q_descale = tl.load(ptr)
+        k_descale = tl.load(ptr + 1)
+        v_descale = tl.load(ptr + 2)
+    return q_descale, k_descale, v_descale
+
+
+@triton.jit
+def p_shift(m_shift, FP8: tl.constexpr):
+    """The row offset P = exp2(s - offset) is taken from: the row max, less FP8_P_LOG2 with FP8."""
+    offset = m_shift
+    if FP8:
+        offset = m_shift - FP8_P_LOG2
+    return offset
+
+
+@triton.jit
+def fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8: tl.constexpr):
+    """[keys, head dim] pointers of a V tile.  With FP8, V may also be stored token-major per head
+    (stride_vn == 1, which Triton specializes): the P.V dot's B operand is then K-major in memory,
+    which Hopper's fp8 wgmma needs (tables.FP8_V_TOKEN_MAJOR); other dtypes have stride_vd == 1."""
+    if FP8:
+        ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    else:
+        ptrs = V_head + cols[:, None] * stride_vn + offs_d[None, :]
+    return ptrs

@@ -43,19 +43,19 @@ def _triton_bound(name: str) -> tuple:
 
 
 def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, short: bool = False,
-                  kernel: Optional[str] = None, triton_version: tuple = None) -> Dict:
+                  kernel: Optional[str] = None, triton_version: tuple = None, fp8: bool = False) -> Dict:
     """A table entry as a launch dict: its "triton<X.Y" overrides whose bound is above the
     installed triton (tables.TRITON_OVERRIDES; `triton_version` overrides the installed one), then
     its "causal" override for causal (or right-windowed) attention, its "short" override for
     launches with at most tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32
-    inputs, and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set -- of
+    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile), and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set -- of
     the switches the table kernel `kernel` takes (tables.SWITCH_KERNELS) when it is given."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
     version = triton_version or TRITON_VERSION
     for name in tables.TRITON_OVERRIDES:
         if entry.get(name) and version < _triton_bound(name):
             cfg.update(entry[name])
-    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32)):
+    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8)):
         if wanted and entry.get(name):
             cfg.update(entry[name])
     switches = switches_of(kernel)
@@ -68,7 +68,7 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     return cfg
 
 
-# (arch, kernel, head dim, fp32, causal) -> (the rows it was resolved from, launch dict).
+# (arch, kernel, head dim, fp32, causal, short, fp8) -> (the rows it was resolved from, launch dict).
 # Every launch asks for its config; resolving it again each time was most of the
 # launchers' host time.  An entry is used only while the table it came from is
 # the same object (a tuned table read from disk, a candidate under test, or a
@@ -85,12 +85,12 @@ def _table_rows(arch: Arch, head_dim_padded: int):
 
 
 def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
-                   short: bool = False) -> Dict:
-    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short))
+                   short: bool = False, fp8: bool = False) -> Dict:
+    key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short), bool(fp8))
     hit = _RESOLVED.get(key)
     if hit is not None and hit[0] is rows:
         return dict(hit[1])
-    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short)
+    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
     if len(_RESOLVED) > 256:
         _RESOLVED.clear()
     _RESOLVED[key] = (rows, cfg)
@@ -98,12 +98,13 @@ def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32:
 
 
 def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
-               short: bool = False) -> Dict:
+               short: bool = False, fp8: bool = False) -> Dict:
     """Launch dict for `kernel` ("fwd" | "dkdv" | "dq" | "dkdv_atomic"): tile sizes + launch options.
-    short: the launch has at most tables.SHORT_SEQLEN_K keys per row (see is_short)."""
+    short: the launch has at most tables.SHORT_SEQLEN_K keys per row (see is_short); fp8: fp8 operands."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    return _cached_config(_table_rows(arch, head_dim_padded), arch, kernel, head_dim_padded, is_fp32, causal, short)
+    return _cached_config(_table_rows(arch, head_dim_padded), arch, kernel, head_dim_padded, is_fp32, causal, short,
+                          fp8)
 
 
 def is_short(max_seqlen_k: int) -> bool:
@@ -112,8 +113,8 @@ def is_short(max_seqlen_k: int) -> bool:
 
 
 def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
-             short: bool = False) -> Dict:
-    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short, kernel)
+             short: bool = False, fp8: bool = False) -> Dict:
+    cfg = resolve_entry(_entry(rows, kernel, head_dim_padded), is_fp32, causal, short, kernel, fp8=fp8)
     if arch.backend != "hip":
         # AMD-only launch options are rejected by other backends.
         for key in HIP_ONLY_OPTIONS:
@@ -133,14 +134,14 @@ def default_entry(arch: Arch, kernel: str, head_dim_padded: int) -> Dict:
 
 
 def default_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
-                   short: bool = False) -> Dict:
+                   short: bool = False, fp8: bool = False) -> Dict:
     """get_config from the default tables only (tuned tables ignored): what the AOT check builds."""
-    return _resolve(TABLES[family_of(arch)], arch, kernel, head_dim_padded, is_fp32, causal, short)
+    return _resolve(TABLES[family_of(arch)], arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
 
 
 def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
-                   short: bool = False) -> Dict:
-    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short)
+                   short: bool = False, fp8: bool = False) -> Dict:
+    return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short, fp8)
 
 
 def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
@@ -192,11 +193,13 @@ def _decode_family(arch: Arch) -> str:
     return family if family in tables.DECODE_TABLES else ("gfx90a" if arch.backend == "hip" else "sm80")
 
 
-def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False) -> Dict[str, Dict]:
+def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False,
+                      fp8: bool = False) -> Dict[str, Dict]:
     """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
     the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
-    KV head) and "fp32" override applied; AMD-only options dropped off HIP.  Memoized (hot path)."""
-    key = (arch, head_dim_padded, bool(is_fp32), bool(wide))
+    KV head) and "fp32" override applied, then for an FP8 KV cache the family's tables.DECODE_FP8
+    override of the row; AMD-only options dropped off HIP.  Memoized (hot path)."""
+    key = (arch, head_dim_padded, bool(is_fp32), bool(wide), bool(fp8))
     hit = _DECODE_RESOLVED.get(key)
     if hit is not None:
         return hit
@@ -209,6 +212,11 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
         for name, wanted in (("wide", wide), ("fp32", is_fp32)):
             if wanted and entry.get(name):
                 cfg.update(entry[name])
+        if fp8 and kernel == "decode":
+            fp8_entry = tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {})
+            cfg.update({k: v for k, v in fp8_entry.items() if k != "wide"})
+            if wide:
+                cfg.update(fp8_entry.get("wide", {}))
         if arch.backend != "hip":
             for opt in HIP_ONLY_OPTIONS:
                 cfg.pop(opt, None)
@@ -222,3 +230,27 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
 def get_decode_split_policy(arch: Arch) -> Dict:
     """The split-count rule's parameters for this arch family (tables.DECODE_SPLITS)."""
     return tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])
+
+
+def _by_arch(table: Dict, arch: Arch, default):
+    """A per-target table's entry for `arch`: by its name first, then by its family."""
+    if arch.name in table:
+        return table[arch.name]
+    return table.get(family_of(arch), default)
+
+
+def fp8_dtype_names(arch: Arch) -> tuple:
+    """torch dtype names of the FP8 types with a dot product on `arch` (tables.FP8_DTYPES), the
+    quantising functions' type first; () where there is none."""
+    return tuple(_by_arch(tables.FP8_DTYPES, arch, ()))
+
+
+def fp8_min_triton(arch: Arch) -> tuple:
+    """The oldest (major, minor) Triton that compiles `arch`'s FP8 dot (tables.FP8_MIN_TRITON)."""
+    return tuple(_by_arch(tables.FP8_MIN_TRITON, arch, (3, 2)))
+
+
+def fp8_v_token_major(arch: Arch) -> bool:
+    """Whether FP8 V goes to the forward kernel token-major per head (tables.FP8_V_TOKEN_MAJOR, by arch
+    name, then family)."""
+    return arch.name in tables.FP8_V_TOKEN_MAJOR or family_of(arch) in tables.FP8_V_TOKEN_MAJOR

@@ -14,8 +14,8 @@ Optional override dicts per kernel: "causal" (causal or right-windowed
 attention, where rows see fewer keys and smaller tiles waste less on the
 diagonal), "short" (at most SHORT_SEQLEN_K keys per row: short loops, where
 per-program set-up and the last wave's tail weigh more) and "fp32" (fp32
-inputs: twice the shared memory per tile), applied in that order
-(fa_amd.tuning.resolve_entry).
+inputs: twice the shared memory per tile) and "fp8" (fp8 inputs, fwd only: half the
+shared memory per tile), applied in that order (fa_amd.tuning.resolve_entry).
 
 Numbers for sm90 were measured on an H100 (docs/PERFORMANCE.md, docs/TUNING_NOTES.md);
 AMD rows are starting points chosen to compile with zero scratch for their
@@ -72,11 +72,16 @@ FUSED_DQ_FAMILIES = ("sm90", "cpu")
 # (.ci/aot_matrix.py, docs/AOT.md) builds every row under every supported triton.
 TRITON_OVERRIDES = ("triton<3.7", "triton<3.6", "triton<3.5", "triton<3.4", "triton<3.3")
 # The override dicts an entry may hold, in the order they are applied (resolve_entry).
-OVERRIDES = TRITON_OVERRIDES + ("causal", "short", "fp32")
+OVERRIDES = TRITON_OVERRIDES + ("causal", "short", "fp32", "fp8")
 # A launch with at most this many keys per row (max_seqlen_k) applies its entries' "short" overrides.
 SHORT_SEQLEN_K = 1024
 
 _FP32_HALF_N = {"BLOCK_N": 32, "num_stages": 1}
+# gfx950 FP8 forward: 32x32 MFMAs (v_mfma_f32_32x32x64_f8f6f4).  With the 16x16 ones the AOT build of
+# the all-features FP8 forward crashes Triton 3.4/3.5's AMD backend (an assertion in
+# ConvertTritonAMDGPUToLLVM on the P.V dot) and spills 12 B on 3.6 at d128; with 32x32 every head dim
+# compiles with zero scratch on 3.6 and 3.9 (3.4/3.5 still crash at d256: FP8_MIN_TRITON).
+_GFX950_FP8 = {"matrix_instr_nonkdim": 32}
 
 TABLES = {
     # Triton interpreter (CPU): small asymmetric tiles so tests exercise the
@@ -160,7 +165,7 @@ TABLES = {
     "gfx950": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -168,14 +173,15 @@ TABLES = {
         # triton 3.4 spills the all-features fwd at 2 stages (164 B); 1 stage: zero (docs/AOT.md)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.5": {"num_stages": 1}},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.5": {"num_stages": 1},
+                 "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 256,
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -355,6 +361,20 @@ DECODE_TABLES = {
                             {"waves_per_eu": 0}),
 }
 
+# FP8 KV caches (fa_amd.fp8, kernels/decode.py): overrides of the "decode" entry, per family and
+# table row head dim, applied after "wide" / "fp32" (fa_amd.tuning.get_decode_config).  gfx942 (AOT,
+# every feature on, docs/AOT.md): at 16x64 the FP8 decode kernels spill under triton 3.2 .. 3.6
+# (16..308 B; FP8 q and widened K/V alike), 16x32 builds with zero scratch at occupancy 2-4 under
+# 3.2 .. 3.9; at d256 (16x32 already) only waves_per_eu 1 (512 VGPRs) avoids scratch under every
+# version (132..440 B at 2, with 16x16 tiles or 8 warps too).  An entry's "wide" dict applies on top
+# for the wide tile: at d128 the FP8-cache / bf16-q kernel spilled with 64-row tiles (gfx942 64x32:
+# 36 B under 3.9; gfx950 64x64: 12 B under 3.6); gfx942 32x32 and gfx950 64x32 build clean under
+# every version they support.  sm90: no override needed.
+DECODE_FP8 = {
+    "gfx942": {64: {"BLOCK_N": 32}, 128: {"BLOCK_N": 32, "wide": {"BLOCK_M": 32}}, 256: {"waves_per_eu": 1}},
+    "gfx950": {128: {"wide": {"BLOCK_N": 32}}},
+}
+
 # How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
 # wave-efficiency rule): no split once the (batch x KV heads x row tiles) programs reach
 # `full_fraction` of `programs_per_sm` x the GPU's SM/CU count; otherwise the fewest splits whose
@@ -364,3 +384,38 @@ DECODE_SPLITS = {
     "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
                 "min_blocks_per_split": 2},
 }
+
+
+# --------------------------------------------------------------------------- FP8 (fa_amd/fp8.py)
+# FP8 element types (torch dtype names) that have a dot product on each target, looked up by arch
+# name first, then by family (so sm89 and sm120, whose tiles alias to the sm80 rows, still get
+# FP8; sm100/sm103 inherit sm90's through the alias).  The first entry is the type the quantising
+# functions (flash_attn_fp8_func, ...) produce.  MI300 (gfx942) has the "fnuz" types (no negative
+# zero, exponent bias 8: e4m3 max 240); MI350 (gfx950) and NVIDIA sm89+ the OCP types (e4m3 max 448).
+# The interpreter ("cpu", CI) pins the OCP types; tests pin the gfx942 types by patching this
+# entry.  Families not listed (gfx908, gfx90a, gfx1100, sm80) have no FP8 dot: FP8 calls raise.
+FP8_DTYPES = {
+    "gfx942": ("float8_e4m3fnuz", "float8_e5m2fnuz"),
+    "gfx950": ("float8_e4m3fn", "float8_e5m2"),
+    "sm89": ("float8_e4m3fn", "float8_e5m2"),
+    "sm90": ("float8_e4m3fn", "float8_e5m2"),
+    "sm120": ("float8_e4m3fn", "float8_e5m2"),
+    "cpu": ("float8_e4m3fn", "float8_e5m2"),
+}
+# The oldest Triton that builds the family's FP8 forward, checked by AOT builds of every head dim with
+# all features (a version difference is a table key).  gfx942: 3.2 .. 3.9 all compile with zero scratch.
+# gfx950: 3.2 has no OCP fp8 dot for it; 3.3 spills (216..2104 B); 3.4 and 3.5 crash on the d256 build
+# (and on every head dim with 16x16 MFMAs); 3.6 and 3.9 build every head dim with zero scratch.
+FP8_MIN_TRITON = {"gfx950": (3, 6)}
+# Targets (arch names, then families) whose forward reads FP8 V token-major per head (dense calls;
+# fa_amd.fp8 lays V out so: the quantising functions write it so at no cost, FA3-style FP8 inputs in
+# the other layout are copied once per call).  The P.V dot's B operand is then K-major in memory.
+# AOT evidence (Triton 3.9, d128 forward unless said):
+#   sm90   head-dim-major V: every V tile goes through registers into shared memory with byte stores
+#          (128-192 st.shared.b8) and no cp.async pipelining, 254 regs; token-major: 0 byte stores,
+#          V copied by cp.async like K, 227 regs; wgmma e4m3 x e4m3 in both dots either way.
+#   sm89   (mma.sync m16n8k32 e4m3) head-dim-major: 512 ld.shared.u8 + 400 prmt; token-major: none.
+#   gfx942 d64 head-dim-major: 256-384 ds_read/ds_write_u8 and 180 VGPRs; token-major: none, 162.
+#   gfx950 no byte LDS traffic in either layout (150 vs 146 VGPRs at d64): left head-dim-major, so
+#          FA3-style inputs there pay no copy.  (sm120 follows sm89: the same mma.sync path.)
+FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")

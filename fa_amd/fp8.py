@@ -1,0 +1,493 @@
+"""FP8 attention: FA3-style descaled FP8 inputs, and the ROCm backend's four quantising functions.
+
+Both run the same FP8 forward: FP8 is a dtype path of the prefill kernel
+(fa_amd/kernels/forward.py, score_mods.load_descales), taken when q, k, v are fp8,
+with the descale multipliers applied to the scores (q_descale * k_descale) and the
+output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
+
+* `flash_attn_func` / `flash_attn_varlen_func` with FP8 q, k, v (one FP8 type the
+  arch has: tables.FP8_DTYPES) and keyword-only `q_descale`, `k_descale`, `v_descale`
+  (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale; descales
+  must be > 0, as reciprocal scales are), and `out_dtype` (bfloat16 by default; float16
+  or float32).  Forward only, like FA3's FP8: FP8 inputs that require grad raise.
+  Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
+  is copied per call; a V that is a transposed contiguous (batch, nheads_k, d, seqlen)
+  tensor is used as it is.
+* `flash_attn_with_kvcache` with FP8 `k_cache` / `v_cache` (and paged `flash_attn_varlen_func`
+  with FP8 pages): the split-KV decode kernel's FP8 path (kernels/decode.py); the rules are
+  `kvcache_fp8_args`'s.
+* `flash_attn_fp8_func`, `flash_attn_varlen_fp8_func`, `flash_attn_qkvpacked_fp8_func`,
+  `flash_attn_varlen_qkvpacked_fp8_func`: fp16 / bf16 / fp32 inputs with the signatures
+  of their high-precision siblings, quantised inside to the arch's FP8 type with one
+  amax scale per (sequence, head) (`quantize_fp8`), output in the inputs' dtype, and
+  differentiable.
+
+Backward of the quantising functions: the gradients with respect to the high-precision
+inputs are computed by the existing backward kernels, in the inputs' precision, from the
+saved high-precision q, k, v and the FP8 forward's out and lse.  Why: the rounding to fp8
+is treated as the identity (straight-through, the usual rule for FP8 training), so the
+gradients are those of attention at the inputs the user holds, and no FP8 backward
+kernel (FA3 and the ROCm path have none) or second high-precision forward is needed:
+the backward costs what the bf16 one does.  The price: P is rebuilt as exp(S - lse) with
+the FP8 forward's lse, and dS uses rowsum(dO * out) of the FP8 output, so the gradients
+carry the forward's quantisation error (bounded in tests/kernels/test_fp8.py against a
+PyTorch emulation of the same rule).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import interface as _api  # argument checks (this module sits above the interface)
+from . import ops
+from .arch import TRITON_VERSION, arch_for
+from .kernels.forward import attention_forward
+from .kernels.launch import MAX_ROW_OFFSET
+from .tuning import fp8_dtype_names, fp8_min_triton, fp8_v_token_major
+
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --------------------------------------------------------------------------- arch and dtypes
+
+def is_fp8_dtype(dtype) -> bool:
+    """One-byte floating types (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, ...)."""
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize == 1
+
+
+def fp8_dtypes(device) -> Tuple[torch.dtype, ...]:
+    """The FP8 types with a dot product on `device` (a tensor or device), the quantising functions'
+    type first.  Raises a ValueError naming the arch where there is none or the installed Triton
+    cannot compile it."""
+    probe = device if isinstance(device, torch.Tensor) else torch.empty(0, device=device)
+    arch = arch_for(probe)
+    names = fp8_dtype_names(arch)
+    if not names:
+        raise ValueError(
+            f"fa_amd: FP8 attention needs an FP8 dot product, which {arch.name} does not have (FP8 needs "
+            f"MI300 gfx942, MI350 gfx950 or NVIDIA sm89+); use flash_attn_func with bfloat16 or float16 "
+            f"inputs on this GPU")
+    need = fp8_min_triton(arch)
+    if TRITON_VERSION < need:
+        raise ValueError(f"fa_amd: FP8 attention on {arch.name} needs triton >= {need[0]}.{need[1]} "
+                         f"(installed: {'.'.join(map(str, TRITON_VERSION))}); use flash_attn_func with "
+                         f"bfloat16 inputs, or a newer triton")
+    return tuple(getattr(torch, n) for n in names if hasattr(torch, n))
+
+
+def _check_fp8_inputs(q, k, v):
+    """q, k, v: tensors of one FP8 type that this arch's dot product takes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    fp8 = [name for name, x in (("q", q), ("k", k), ("v", v)) if is_fp8_dtype(x.dtype)]
+    if len(fp8) != 3:
+        plain = next(name for name in ("q", "k", "v") if name not in fp8)
+        ref = fp8[0] if fp8 else None
+        x = {"q": q, "k": k, "v": v}
+        got = f"{plain} is {x[plain].dtype}" + (f" but {ref} is {x[ref].dtype}" if ref else "")
+        raise TypeError(f"FP8 attention takes q, k and v all in one FP8 dtype, but {got}; pass all three in FP8 "
+                        f"(with q_descale/k_descale/v_descale), or high-precision inputs to flash_attn_func, "
+                        f"or to flash_attn_fp8_func to have them quantised")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one FP8 dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    supported = fp8_dtypes(q)
+    if q.dtype not in supported:
+        arch = arch_for(q).name
+        raise TypeError(f"q, k and v are {q.dtype}, which {arch} has no dot product for; its FP8 types are "
+                        f"{', '.join(str(d) for d in supported)}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("FP8 q, k, v have no backward in fa_amd (FP8 inputs are forward-only, as in FA3); "
+                         "for training pass high-precision tensors to flash_attn_fp8_func (quantised inside, "
+                         "differentiable), or detach the FP8 inputs")
+
+
+def _check_descale(name: str, x, batch: int, nheads_k: int, q: Tensor) -> Tensor:
+    """A (batch, nheads_k) fp32 descale on q's device; ones when None."""
+    if x is None:
+        return torch.ones(batch, nheads_k, dtype=torch.float32, device=q.device)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {x.dtype}")
+    if tuple(x.shape) != (batch, nheads_k):
+        raise ValueError(f"{name} must have shape (batch, nheads_k) = ({batch}, {nheads_k}), got {tuple(x.shape)}")
+    if x.device != q.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {q.device}; all inputs must share one device")
+    return x
+
+
+def _check_out_dtype(out_dtype) -> torch.dtype:
+    if out_dtype is None:
+        return torch.bfloat16
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32 (or None: bfloat16), "
+                        f"got {out_dtype!r}")
+    return out_dtype
+
+
+def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nheads_q: int) -> Tensor:
+    """The kernels' descale operand: fp32 (batch, nheads_q, 3), contiguous, holding each query head's
+    q descale and its KV head's k and v descales (score_mods.load_descales).  q_descale is
+    (batch, nheads_q) or (batch, nheads_k); k_descale and v_descale are (batch, nheads_k)."""
+    group = nheads_q // max(k_descale.shape[1], 1)
+    if q_descale.shape[1] != nheads_q:
+        q_descale = q_descale.repeat_interleave(group, dim=1)
+    if group != 1:
+        k_descale = k_descale.repeat_interleave(group, dim=1)
+        v_descale = v_descale.repeat_interleave(group, dim=1)
+    return torch.stack((q_descale, k_descale, v_descale), dim=-1).to(torch.float32).contiguous()
+
+
+# --------------------------------------------------------------------------- FP8 KV cache (fa_amd.kvcache)
+
+def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, out_dtype, batch: int,
+                     q_name: str = "q", cache_names=("k_cache", "v_cache"), new_names=("k", "v")):
+    """The FP8 arguments of flash_attn_with_kvcache (and of paged flash_attn_varlen_func) checked:
+    (descale, out_dtype), descale fp32 (batch, nheads_k, 3) contiguous for the decode kernels; (None,
+    None) for a call with no FP8 tensor and no FP8 option.
+
+    Rules: k_cache and v_cache share one FP8 type the arch has a dot product for (tables.FP8_DTYPES);
+    q is FP8 of that type (q_descale applies) or fp16 / bf16 / fp32 (K and V are widened to its dtype
+    in the kernel; q_descale must be left out); new k and v are both FP8 of the caches' type (stored as
+    they are: already scaled by k_descale / v_descale) or both high-precision (quantised on append:
+    fp8(clamp(x / descale)), saturating at the type's max, as vLLM writes its FP8 caches).  Descales:
+    fp32 (batch, nheads_k), default 1, > 0.  Output: out_dtype, default bfloat16 for an FP8 q (as FA3)
+    and q's dtype for a high-precision q."""
+    kc_name, vc_name = cache_names
+    named = ((q_name, q), (kc_name, k_cache), (vc_name, v_cache), (new_names[0], k), (new_names[1], v))
+    for name, x in named[:3]:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    fp8 = {name for name, x in named if isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype)}
+    options = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale), ("out_dtype", out_dtype))
+    if not fp8:
+        given = next((name for name, x in options if x is not None), None)
+        if given is not None:
+            raise ValueError(f"{given} applies to an FP8 KV cache only, but {kc_name} is {k_cache.dtype}; leave it "
+                             f"out, or pass FP8 {kc_name}/{vc_name}")
+        return None, None
+    if kc_name not in fp8 or vc_name not in fp8:
+        plain = kc_name if kc_name not in fp8 else (vc_name if vc_name not in fp8 else None)
+        if plain is not None:
+            other = next(name for name in (q_name, kc_name, vc_name, *new_names) if name in fp8)
+            x = dict(named)
+            raise TypeError(f"{other} is {x[other].dtype} but {plain} is {x[plain].dtype}: FP8 attention over a KV "
+                            f"cache needs {kc_name} and {vc_name} in one FP8 dtype (then {q_name} may be FP8 of that "
+                            f"type or fp16/bf16/fp32)")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"{kc_name} and {vc_name} must share one FP8 dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    supported = fp8_dtypes(q)
+    if k_cache.dtype not in supported:
+        raise TypeError(f"{kc_name} and {vc_name} are {k_cache.dtype}, which {arch_for(q).name} has no dot product "
+                        f"for; its FP8 types are {', '.join(str(d) for d in supported)}")
+    q_fp8 = q_name in fp8
+    if q_fp8 and q.dtype != k_cache.dtype:
+        raise TypeError(f"{q_name} is {q.dtype} but {kc_name} is {k_cache.dtype}: an FP8 {q_name} must have the "
+                        f"cache's FP8 dtype (or pass it as fp16/bf16/fp32)")
+    if not q_fp8 and q.dtype not in OUT_DTYPES:
+        raise TypeError(f"{q_name} must be FP8 ({k_cache.dtype}) or float16, bfloat16 or float32, got {q.dtype}")
+    if not q_fp8 and q_descale is not None:
+        raise ValueError(f"q_descale applies to an FP8 {q_name}, but {q_name} is {q.dtype}; leave it out (a "
+                         f"high-precision {q_name} needs no descale)")
+    if k is not None and v is not None:
+        for name, x in ((new_names[0], k), (new_names[1], v)):
+            if isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype) and x.dtype != k_cache.dtype:
+                raise TypeError(f"{name} is {x.dtype} but {kc_name} is {k_cache.dtype}: new FP8 keys/values must "
+                                f"have the cache's dtype (or be fp16/bf16/fp32, quantised with k_descale/v_descale)")
+        if (new_names[0] in fp8) != (new_names[1] in fp8):
+            raise TypeError(f"{new_names[0]} is {getattr(k, 'dtype', type(k).__name__)} but {new_names[1]} is "
+                            f"{getattr(v, 'dtype', type(v).__name__)}: append both in the "
+                            f"cache's FP8 dtype, or both in fp16/bf16/fp32 (quantised with k_descale/v_descale)")
+        for name, x in ((new_names[0], k), (new_names[1], v)):
+            if isinstance(x, torch.Tensor) and not is_fp8_dtype(x.dtype) and x.dtype not in OUT_DTYPES:
+                raise TypeError(f"{name} must be {k_cache.dtype} or float16, bfloat16 or float32, got {x.dtype}")
+    nheads_k = k_cache.shape[-2] if k_cache.dim() >= 2 else 0
+    descales = [_check_descale(name, x, batch, nheads_k, q)
+                for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if q_fp8 else q.dtype
+    return pack_descales(*descales, nheads_k), _check_out_dtype(out_dtype)
+
+
+# --------------------------------------------------------------------------- quantisation
+
+def quantize_fp8(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor] = None,
+                 token_major: bool = False) -> Tuple[Tensor, Tensor]:
+    """(x8, descale): x (batch, seqlen, nheads, d), or (total, nheads, d) with cu_seqlens, scaled per
+    (sequence, head) so its largest magnitude maps to the fp8 type's max: x8 = fp8(clamp(x * scale)),
+    scale = fp8_max / amax, descale = amax / fp8_max (1 for all-zero or empty heads); descale is
+    fp32 (batch, nheads).  token_major (dense only): x8 is laid out token-major per head
+    (token_major_empty), as the forward reads V on tables.FP8_V_TOKEN_MAJOR families."""
+    fp8_max = torch.finfo(fp8_dtype).max
+    varlen = cu_seqlens is not None
+    if varlen:
+        batch = cu_seqlens.numel() - 1
+        # each token's sequence; tokens past cu_seqlens[-1] (unused padding) land in a spare row
+        seq = torch.searchsorted(cu_seqlens[1:].to(torch.int64), torch.arange(x.shape[0], device=x.device),
+                                 right=True)
+        token_amax = x.detach().abs().amax(dim=-1).float()
+        amax = token_amax.new_zeros(batch + 1, x.shape[1]).scatter_reduce_(
+            0, seq[:, None].expand(-1, x.shape[1]), token_amax, "amax")[:batch]
+    else:
+        amax = x.detach().abs().amax(dim=(1, 3)).float()
+    nonzero = amax > 0
+    scale = torch.where(nonzero, fp8_max / amax, torch.ones_like(amax))
+    descale = torch.where(nonzero, amax / fp8_max, torch.ones_like(amax))
+    if varlen:
+        token_scale = torch.cat((scale, scale.new_ones(1, scale.shape[1])))[seq][..., None]
+    else:
+        token_scale = scale[:, None, :, None]
+    scaled = (x.detach().float() * token_scale).clamp_(-fp8_max, fp8_max)
+    if token_major and not varlen:
+        x8 = token_major_empty(x.shape, fp8_dtype, x.device)
+        x8.copy_(scaled)
+    else:
+        x8 = scaled.to(fp8_dtype)
+    return x8, descale
+
+
+_TOKEN_MAJOR_ALIGN = 16  # elements: the token stride of a token-major copy's rows (16 B for fp8 loads)
+
+
+def _padded_tokens(n_tokens: int) -> int:
+    return -(-n_tokens // _TOKEN_MAJOR_ALIGN) * _TOKEN_MAJOR_ALIGN
+
+
+def token_major_empty(shape, dtype: torch.dtype, device) -> Tensor:
+    """A tensor of the dense V shape (batch, seqlen, nheads, d) stored token-major per head: storage
+    (batch, nheads, d, seqlen padded to a multiple of 16), its values unset and its padding zero.  The
+    forward's masked V tiles read whole padded rows (kernels/forward.py, v_len): the padding must be
+    finite, as P is 0 there."""
+    batch, seqlen, nheads, d = shape
+    storage = torch.empty(batch, nheads, d, _padded_tokens(seqlen), dtype=dtype, device=device)
+    storage[..., seqlen:].zero_()
+    return storage[..., :seqlen].permute(0, 3, 1, 2)
+
+
+def _token_major(arch, varlen: bool, seqlen_k: int, head_dim: int) -> bool:
+    """Whether the forward reads this call's FP8 V token-major: dense calls on tables.FP8_V_TOKEN_MAJOR
+    families whose padded rows keep the kernels' in-sequence offsets ((d - 1) * row stride + row
+    stride - 1) within int32.  (Varlen V stays head-dim-major: its sequences start at arbitrary tokens,
+    so its token-major tiles would not be aligned.)"""
+    return (not varlen and fp8_v_token_major(arch)
+            and head_dim * _padded_tokens(seqlen_k) - 1 <= MAX_ROW_OFFSET)
+
+
+def _v_layout(v: Tensor, varlen: bool, arch) -> Tensor:
+    """FP8 V as the forward reads it: where _token_major says so, V itself if it is token-major with
+    rows exactly seqlen_k long (e.g. a transposed contiguous (batch, nheads, d, seqlen) tensor: the
+    masked tiles then read nothing past a row), else a zero-padded token-major copy
+    (token_major_empty); elsewhere V with a contiguous head dim."""
+    if _token_major(arch, varlen, v.shape[1] if not varlen else 0, v.shape[-1]):
+        if v.stride(1) == 1 and v.stride(-1) == v.shape[1] and v.shape[1] > 1:
+            return v
+        return token_major_empty(v.shape, v.dtype, v.device).copy_(v)
+    return v if v.stride(-1) == 1 else v.contiguous()
+
+
+# --------------------------------------------------------------------------- the FP8 forward op
+
+@torch.library.custom_op("fa_amd::attention_fwd_fp8", mutates_args=())
+def attention_fwd_fp8(
+    q: Tensor, k: Tensor, v: Tensor, descale: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, out_dtype: torch.dtype,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                             return_probs, sinks, descale=descale, out_dtype=out_dtype)
+
+
+@attention_fwd_fp8.register_fake
+def _attention_fwd_fp8_fake(q, k, v, descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                            softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
+                            out_dtype, sinks=None):
+    if cu_seqlens_q is not None:
+        batch, hq = cu_seqlens_q.shape[0] - 1, q.shape[1]
+        lse = q.new_empty((hq, q.shape[0]), dtype=torch.float32)
+    else:
+        batch, hq = q.shape[0], q.shape[2]
+        lse = q.new_empty((batch, hq, q.shape[1]), dtype=torch.float32)
+    probs = q.new_empty((batch, hq, max_seqlen_q, max_seqlen_k) if return_probs else (0,), dtype=out_dtype)
+    return q.new_empty(q.shape, dtype=out_dtype), lse, probs
+
+
+def _fp8_forward(*args):
+    """attention_fwd_fp8's (out, lse, probs): the op while torch.compile traces, the launcher otherwise."""
+    if torch.compiler.is_compiling():
+        return torch.ops.fa_amd.attention_fwd_fp8(*args)
+    sinks = args[17] if len(args) > 17 else None
+    return attention_forward(*args[:3], *args[4:16], sinks, descale=args[3], out_dtype=args[16])
+
+
+# --------------------------------------------------------------------------- FA3-style FP8 inputs
+
+def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                       q_descale=None, k_descale=None, v_descale=None, out_dtype=None, sinks=None, s_aux=None,
+                       block_table=None, seqused_k=None):
+    """flash_attn_func / flash_attn_varlen_func (cu_seqlens_q given) with FP8 q, k, v (forward only)."""
+    varlen = cu_seqlens_q is not None
+    if not any(isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype) for x in (q, k, v)):
+        given = next(name for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                                          ("v_descale", v_descale), ("out_dtype", out_dtype)) if x is not None)
+        got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"{given} applies to FP8 q, k, v only, but q is {got}; leave it out for high-precision "
+                         f"inputs, or call flash_attn_fp8_func to run them in FP8 (quantised inside)")
+    _check_fp8_inputs(q, k, v)
+    if block_table is not None or seqused_k is not None:  # paged / seqused varlen: the decode kernel
+        return _api.flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                            return_attn_probs, block_table, seqused_k, sinks=sinks, s_aux=s_aux,
+                                            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                            out_dtype=out_dtype)
+    _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
+    dropout_p, scale, left, right, softcap = _api._normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    if varlen:
+        batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                    max_seqlen_k)
+        max_q, max_k = max_seqlen_q, max_seqlen_k
+    else:
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+    nheads_q, nheads_k = q.shape[-2], k.shape[-2]
+    descales = [_check_descale(name, x, batch, nheads_k, q)
+                for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    out_dtype = _check_out_dtype(out_dtype)
+    alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, nheads_q)
+    sinks = _api._check_sinks(sinks, s_aux, q, nheads_q)
+    if sinks is not None and torch.is_grad_enabled() and sinks.requires_grad:
+        raise ValueError("FP8 attention is forward-only: sinks that require grad have no backward here; detach "
+                         "them, or use flash_attn_func with high-precision inputs to train sinks")
+    q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, varlen, return_attn_probs)
+    v = _v_layout(v, varlen, arch_for(q))
+    out, lse, probs = _fp8_forward(
+        q, k, v, pack_descales(*descales, nheads_q), cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale,
+        left, right, softcap, alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype,
+        sinks)
+    return _api._finish(out, lse, probs, return_attn_probs)
+
+
+# --------------------------------------------------------------------------- quantising functions
+
+def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
+    """Quantise q, k, v per (sequence, head) to the arch's FP8 type and run the FP8 forward;
+    (out in q's dtype, lse, probs)."""
+    fp8_dtype = fp8_dtypes(q)[0]
+    varlen = cu_seqlens_q is not None
+    token_major = _token_major(arch_for(q), varlen, 0 if varlen else v.shape[1], v.shape[-1])
+    q8, q_descale = quantize_fp8(q, fp8_dtype, cu_seqlens_q)
+    k8, k_descale = quantize_fp8(k, fp8_dtype, cu_seqlens_k)
+    v8, v_descale = quantize_fp8(v, fp8_dtype, cu_seqlens_k, token_major=token_major)
+    return _fp8_forward(q8, k8, v8, pack_descales(q_descale, k_descale, v_descale, q.shape[-2]), cu_seqlens_q,
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
+                        window_right, softcap, alibi_slopes, rng_state, return_probs, q.dtype)
+
+
+def _backward(ctx, dout):
+    """Gradients of the high-precision inputs by the existing backward kernels, from the saved
+    high-precision q, k, v and the FP8 forward's out and lse (module docstring); once-differentiable
+    as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
+    if torch.compiler.is_compiling():
+        bwd = torch.ops.fa_amd.attention_bwd
+    else:
+        bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._backward_impl
+    return ops._backward_with(bwd, ctx, dout)
+
+
+class FP8Attention(torch.autograd.Function):
+    """Quantising FP8 forward with the high-precision backward; takes attention_fwd's arguments."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _quantized_forward(*inputs[:-1])  # the last input, `deterministic`, is for the backward
+        ops._setup_context(ctx, inputs, output)  # saves the high-precision q, k, v with out and lse
+        ctx.set_materialize_grads(False)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, _dlse, _dprobs):
+        if dout is None:  # only lse / probs were used
+            return (None,) * 16
+        return _backward(ctx, dout)
+
+
+def _attention_fp8(*inputs):
+    q, k, v = inputs[:3]
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _quantized_forward(*inputs[:-1])
+    return FP8Attention.apply(*inputs)
+
+
+def flash_attn_fp8_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func for fp16 / bf16 / fp32 q, k, v with the forward in FP8: q, k, v are quantised
+    per (batch, head) to the arch's FP8 type (quantize_fp8); returns out in q's dtype (and with
+    return_attn_probs (out, softmax_lse, S_dmask)); differentiable (module docstring)."""
+    _api._check_qkv(q, k, v, varlen=False)
+    fp8_dtypes(q)
+    dropout_p, scale, left, right, softcap = _api._normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    alibi_slopes = _api._check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
+    q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = _api._fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
+    out, lse, probs = _attention_fp8(
+        q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
+        _api._rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+    return _api._finish(out, lse, probs, return_attn_probs)
+
+
+def flash_attn_varlen_fp8_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                               deterministic=False, return_attn_probs=False, block_table=None):
+    """flash_attn_varlen_func with the forward in FP8, quantised per (sequence, head)
+    (see flash_attn_fp8_func)."""
+    if block_table is not None:
+        raise ValueError("flash_attn_varlen_fp8_func does not take block_table (paged KV is forward-only); pass "
+                         "contiguous k/v, or FP8 pages with descales to flash_attn_with_kvcache")
+    _api._check_qkv(q, k, v, varlen=True)
+    fp8_dtypes(q)
+    dropout_p, scale, left, right, softcap = _api._normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+    batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                max_seqlen_k)
+    max_q, max_k = max_seqlen_q, max_seqlen_k
+    alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, q.shape[1])
+    q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, True, return_attn_probs)
+    out, lse, probs = _attention_fp8(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale, left, right, softcap, alibi_slopes,
+        _api._rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+    return _api._finish(out, lse, probs, return_attn_probs)
+
+
+def flash_attn_qkvpacked_fp8_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                  softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv: (batch, seqlen, 3, nheads, headdim), fp16 / bf16 / fp32; see flash_attn_fp8_func."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_fp8_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                         deterministic=False, return_attn_probs=False):
+    """qkv: (total, 3, nheads, headdim), fp16 / bf16 / fp32; see flash_attn_varlen_fp8_func."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_fp8_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                      return_attn_probs)
