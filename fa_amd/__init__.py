@@ -67,10 +67,38 @@ def _register_transformers():
 from . import autotune  # noqa: E402,F401
 from .import_hooks import when_imported  # noqa: E402
 
-try:  # `fa_amd.integrations.route_flash_attention_2()` works after a plain `import fa_amd` (it imports no HF code)
+import importlib.util  # noqa: E402
+
+
+def _load_checkout_integrations():
+    """fa_amd.integrations from a source checkout that is not installed (or whose editable install
+    failed): integrations/ sits beside fa_amd/ there (pyproject's package-dir maps it on install)."""
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "integrations"
+    if not (folder / "__init__.py").is_file():
+        raise ImportError("fa_amd.integrations is not installed and no integrations/ folder sits beside fa_amd/")
+    spec = importlib.util.spec_from_file_location(f"{__name__}.integrations", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
+    return module
+
+
+# `fa_amd.integrations.route_flash_attention_2()` works after a plain `import fa_amd` (it imports no HF code)
+if importlib.util.find_spec(f"{__name__}.integrations") is not None:
     from . import integrations  # noqa: E402,F401
-except ImportError:  # integrations not installed alongside (e.g. a bare source checkout)
-    pass
+else:
+    try:
+        integrations = _load_checkout_integrations()
+    except ImportError:  # a build without integrations: the kernel API still works
+        pass
 
 # Registration imports Transformers' modeling code (seconds on a small CPU), so it waits until a
 # program loads that code itself: at once if it already has, else the moment it does. Every model

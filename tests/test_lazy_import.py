@@ -69,3 +69,28 @@ def test_post_import_hook_runs_once_after_the_module_body(tmp_path, monkeypatch)
     when_imported(("fa_amd_hook_probe",), lambda: seen.append("now"))  # already imported: runs at once
     assert seen == [42, "now"]
     del sys.modules["fa_amd_hook_probe"]
+
+
+def test_uninstalled_source_checkout_finds_its_integrations(tmp_path):
+    """A checkout run in place with no (or a failed) install: fa_amd.integrations still loads from the
+    integrations/ folder beside fa_amd/, and "fa_amd" still registers with Transformers."""
+    import shutil
+
+    for name in ("fa_amd", "integrations"):
+        shutil.copytree(REPO_ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    code = f"""
+        import sys
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path.insert(0, {str(tmp_path)!r})
+        import fa_amd
+        assert fa_amd.__file__.startswith({str(tmp_path)!r}), fa_amd.__file__
+        from fa_amd.integrations.hf_attention import fa_amd_attention_forward
+        assert fa_amd.integrations.__file__.startswith({str(tmp_path)!r})
+        import transformers.modeling_utils
+        from transformers import AttentionInterface
+        assert "fa_amd" in AttentionInterface._global_mapping
+        print("ok")
+    """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]

@@ -192,6 +192,7 @@ def test_info_on_the_interpreter_is_consistent(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(600)  # `fa-amd check` compiles every kernel of three dtypes
 def test_gpu_floor_and_check_all_dtypes():
     """On a GPU: the installed triton passes the floor for this device, and `fa-amd check` passes in
     fp16, bf16 and fp32 there."""
