@@ -547,8 +547,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         if not row_offsets_fit(max_seqlen_k, k.stride(0), d):
             raise ValueError(f"max_seqlen_k = {max_seqlen_k} x token stride {k.stride(0)} exceeds the 2**31 "
                              f"elements fa_amd addresses within one sequence")
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k", q)
+    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k", q)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")

@@ -244,10 +244,6 @@ def test_no_token_in_any_sequence(device):
         record("right", f"cu_seqlens {cu} with tokens in the buffer")
 
 
-KVCACHE_ROUTE_BUGS = ("fa_amd/kvcache.py flash_attn_varlen_paged passes the caller's cu_seqlens_q/k on, not the "
-                      "contiguous copy _check_cu_seqlens returns, and the decode kernel writes no row past "
-                      "cu_seqlens_q[-1]")
-
 
 def _decode_route_case(route, device):
     """flash_attn_varlen_func through the split-KV decode kernel (seqused_k, or paged keys)."""
@@ -261,7 +257,6 @@ def _decode_route_case(route, device):
     return q, pages_k, pages_v, dict(block_table=table)
 
 
-@pytest.mark.xfail(strict=True, reason=KVCACHE_ROUTE_BUGS)
 @pytest.mark.parametrize("route", ["seqused_k", "block_table"])
 def test_decode_route_reads_strided_cu_seqlens(device, route):
     """The issue's strided cu_seqlens view, on the varlen routes that run the decode kernel."""
@@ -274,7 +269,6 @@ def test_decode_route_reads_strided_cu_seqlens(device, route):
     record("right", f"strided cu_seqlens view, {route} route")
 
 
-@pytest.mark.xfail(strict=True, reason=KVCACHE_ROUTE_BUGS)
 @pytest.mark.parametrize("route", ["seqused_k", "block_table"])
 def test_decode_route_tokens_past_the_last_segment(device, route):
     """Point 2 on the decode kernel's varlen route: the 3 tokens past cu_seqlens_q[-1] get output 0
@@ -318,10 +312,6 @@ def test_extreme_scales_are_right(device, scale, softcap):
     record("right", f"softmax_scale={scale}, softcap={softcap}")
 
 
-@pytest.mark.xfail(strict=True, reason="softmax_scale = 1e38 passes the float32-range check, but q.k * scale "
-                                        "overflows float32 for ordinary scores and the row max becomes inf - inf = "
-                                        "NaN; the kernels (fa_amd/kernels) must bound the scaled score, or the "
-                                        "check must refuse such scales")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_softmax_scale_whose_scores_overflow_is_right_or_refused(device):
     q, k, v = (randn(1, 13, 2, 16, dtype=torch.float32, device=device, requires_grad=False) for _ in range(3))

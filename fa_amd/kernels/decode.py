@@ -737,6 +737,12 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         merge_kwargs = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
                             **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
         split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs, **sink_kwargs)
+    if q_varlen:
+        # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse -inf, as the
+        # prefill kernels give them; no kernel row writes them, so they are set here (on the device, no sync)
+        tail = torch.arange(total_q, device=q.device) >= cu_seqlens_q[-1]
+        out.masked_fill_(tail[:, None, None], 0.0)
+        lse.masked_fill_(tail[None, :], float("-inf"))
     if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
