@@ -148,12 +148,15 @@ _CB_SCRIPT = textwrap.dedent(
     expected = [model.generate(torch.tensor([p], device=device), max_new_tokens=new, do_sample=False,
                                pad_token_id=0, eos_token_id=-1)[0, len(p):].tolist() for p in prompts]
 
+    # the paged decode kernel, whichever way Transformers reaches it: fa_amd's attention function
+    # (append_and_attend) or flash_attn_with_kvcache through the flash_attn stand-in (Transformers 5.17)
     paged_calls = []
-    real = kvcache.append_and_attend
+    real = kvcache.decode_attention
     def spy(*args, **kwargs):
-        paged_calls.append(1)
+        if kwargs.get("block_table") is not None:
+            paged_calls.append(1)
         return real(*args, **kwargs)
-    kvcache.append_and_attend = spy
+    kvcache.decode_attention = spy
 
     model.set_attn_implementation("flash_attention_2")
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=-1)
