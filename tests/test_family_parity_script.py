@@ -31,7 +31,7 @@ def test_family_matches_eager(family_parity, family, device):
 
 def test_table_and_bound(family_parity):
     row = dict(family="x", exercises="y", eager_vs_fp64=(1e-7, 1e-8), fa_amd=(1e-7, 1e-8), fa_amd_vs_fp64=(1e-7, 1e-8),
-               patch=None, patch_vs_fp64=None, scale=(0.5, 0.1))
+               patch=None, patch_vs_fp64=None, scale=(0.5, 0.1), eps=(6e-8, 1.2e-8))
     assert family_parity.within_bound(row)
     table = family_parity.markdown([row]).splitlines()
     cells = [len(re.findall(r"(?<!\\)\|", line)) for line in table]  # escaped \| stay inside a cell
