@@ -177,17 +177,18 @@ def test_token_major_v_layout(device, monkeypatch):
 # --------------------------------------------------------------------------- quantising functions
 
 def test_quantize_fp8_matches_reference(device):
+    """(More cases, and why descales may differ in the last bit on a GPU: test_fp8_quantize.py.)"""
     x = _fresh(2, 13, 3, 16, device=device) * 7
     x[1, :, 2] = 0  # an all-zero head: descale 1
     x8, descale = fp8_mod.quantize_fp8(x, E4M3)
     r8, rd = fp8_quantize_ref(x, E4M3)
-    assert torch.equal(x8.view(torch.uint8), r8.view(torch.uint8)) and torch.equal(descale, rd)
+    assert torch.equal(x8.view(torch.uint8), r8.view(torch.uint8)) and torch.allclose(descale, rd, rtol=2 ** -22)
     assert descale[1, 2] == 1.0 and x8.float().abs().amax().item() == 448.0
     cu = cu_seqlens([5, 0, 8], device)
     xv = _fresh(13, 2, 16, device=device)
     x8, descale = fp8_mod.quantize_fp8(xv, E4M3, cu)
     r8, rd = fp8_quantize_ref(xv, E4M3, cu)
-    assert torch.equal(x8.view(torch.uint8), r8.view(torch.uint8)) and torch.equal(descale, rd)
+    assert torch.equal(x8.view(torch.uint8), r8.view(torch.uint8)) and torch.allclose(descale, rd, rtol=2 ** -22)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
