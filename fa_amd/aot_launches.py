@@ -364,7 +364,9 @@ def launch_call(job) -> LaunchCall:
     spec = LAUNCHES[job.kernel]
     p = Problem.of(job)
     calls: List[LaunchCall] = []
-    modules = [importlib.import_module(f"fa_amd.kernels.{m}") for m in ("launch", spec.module)]
+    # (quantize: the FP8 forward's V relayout runs its cast kernel before the launch; recorded, not run)
+    modules = [importlib.import_module(f"fa_amd.kernels.{m}") for m in dict.fromkeys(("launch", "quantize",
+                                                                                        spec.module))]
     hooks = dict(spec.hooks)
     if job.kernel in _DKDV_KERNELS and p.group > 1:  # whole groups per dK/dV program, or one head ("split")
         hooks["backward.DKDV_HEADS_PER_PROGRAM"] = 1 if p.split else p.group

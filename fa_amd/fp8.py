@@ -11,15 +11,16 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
   must be > 0, as reciprocal scales are), and `out_dtype` (bfloat16 by default; float16
   or float32).  Forward only, like FA3's FP8: FP8 inputs that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
-  is copied per call; a V that is a transposed contiguous (batch, nheads_k, d, seqlen)
-  tensor is used as it is.
+  is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
+  nheads_k, d, seqlen) tensor is used as it is.
 * `flash_attn_with_kvcache` with FP8 `k_cache` / `v_cache` (and paged `flash_attn_varlen_func`
   with FP8 pages): the split-KV decode kernel's FP8 path (kernels/decode.py); the rules are
   `kvcache_fp8_args`'s.
 * `flash_attn_fp8_func`, `flash_attn_varlen_fp8_func`, `flash_attn_qkvpacked_fp8_func`,
   `flash_attn_varlen_qkvpacked_fp8_func`: fp16 / bf16 / fp32 inputs with the signatures
   of their high-precision siblings, quantised inside to the arch's FP8 type with one
-  amax scale per (sequence, head) (`quantize_fp8`), output in the inputs' dtype, and
+  amax scale per (sequence, head) (`quantize_fp8`: two Triton passes, kernels/quantize.py,
+  writing V straight into the layout the forward reads), output in the inputs' dtype, and
   differentiable.
 
 Backward of the quantising functions: the gradients with respect to the high-precision
@@ -44,6 +45,7 @@ from . import interface as _api  # argument checks (this module sits above the i
 from . import ops
 from .arch import TRITON_VERSION, arch_for
 from .kernels.forward import attention_forward
+from .kernels import launch as _launch
 from .kernels.launch import MAX_ROW_OFFSET, new_output
 from .kernels.quantize import quantize_into
 from .tuning import fp8_dtype_names, fp8_min_triton, fp8_v_token_major
@@ -247,7 +249,9 @@ def token_major_empty(shape, dtype: torch.dtype, device) -> Tensor:
     forward's masked V tiles read whole padded rows (kernels/forward.py, v_len): the padding must be
     finite, as P is 0 there."""
     batch, seqlen, nheads, d = shape
-    storage = new_output(torch.empty(0, device=device), (batch, nheads, d, _padded_tokens(seqlen)), dtype)
+    storage = torch.empty(batch, nheads, d, _padded_tokens(seqlen), dtype=dtype, device=device)
+    if _launch.POISON_OUTPUTS:  # (tests: unwritten values show as NaN)
+        storage.fill_(float("nan"))
     storage[..., seqlen:].zero_()
     return storage[..., :seqlen].permute(0, 3, 1, 2)
 

@@ -230,8 +230,11 @@ def _packed_grad_check(out, qkv, ref_fn, grads_fn, dout):
     return err, err_emu
 
 
-def test_qkvpacked_fp8_backward(device):
-    """The ROCm example's path: backward through flash_attn_qkvpacked_fp8_func."""
+@pytest.mark.parametrize("token_major", [False, True])
+def test_qkvpacked_fp8_backward(device, monkeypatch, token_major):
+    """The ROCm example's path: backward through flash_attn_qkvpacked_fp8_func, with V quantised
+    token-major (tables.FP8_V_TOKEN_MAJOR: Hopper, gfx942) or not."""
+    monkeypatch.setattr(tables, "FP8_V_TOKEN_MAJOR", ("cpu", "sm89", "sm90", "sm120", "gfx942") if token_major else ())
     b, s, h, d = 1, 35, 2, 32
     qkv = _fresh(b, s, 3, h, d, device=device, dtype=torch.float16, requires_grad=True)
     out = fa_amd.flash_attn_qkvpacked_fp8_func(qkv, causal=True)
