@@ -1,6 +1,7 @@
 """GPU experiment (issue 18, point 6): FP8 forward candidates vs fa_amd's own bf16 forward on an H100 (sm90), d128.
 
-    PYTHONPATH=. python .ci/fp8_ab.py            # ~3-5 min on an H100 with compiles (budget: BUDGET_S)
+    PYTHONPATH=. python .ci/fp8_ab.py        # on an H100: ~3-5 min with compiles (rows stop after BUDGET_S)
+    SMOKE=1 PYTHONPATH=. python .ci/fp8_ab.py  # CPU check of the script itself (interpreter, tiny rows, ~8 min)
 
 Rows: b4 s4096 h16 d128 and b2 s8192 h16 d128, full and causal (GQA=1 adds b4 s4096 h16/kv4 with the table tile).
 Every variant of a row is timed in the same interleaved rounds (ROUNDS, default 7): each round takes the
@@ -359,11 +360,17 @@ def warm_worker(indices):
 def warm_up():
     jobs = warm_jobs()
     n = max(1, min(WORKERS, len(jobs)))
+    print(f"compiling the kernels of {len(jobs)} variants in {n} worker processes ...", flush=True)
     procs = [subprocess.Popen([sys.executable, __file__, "--warm", ",".join(str(i) for i in range(w, len(jobs), n))],
                               env=dict(os.environ)) for w in range(n)]
+    deadline = START + 0.6 * BUDGET_S  # a stuck worker: the timed process compiles what is missing
     for p in procs:
-        p.wait()
-    print(f"compiled {len(jobs)} variants in {n} workers: {elapsed():.0f} s", flush=True)
+        try:
+            p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            print(f"warm-up worker {p.pid} stopped at the deadline", flush=True)
+    print(f"compiled: {elapsed():.0f} s", flush=True)
 
 
 # --------------------------------------------------------------------------- main
