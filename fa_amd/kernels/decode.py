@@ -586,7 +586,7 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
 
 
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-              sinks, descale):
+              key_mask, sinks, descale):
     out = new_output(q, plan.out_shape, plan.out_dtype)
     lse = new_output(q, plan.lse_shape, torch.float32)
     if plan.part_shapes is not None:
@@ -595,7 +595,7 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
     else:
         out_part = lse_part = lse
     tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, None, cache_seqlens, None, None,
-                              cache_leftpad, cache_batch_idx, block_table, None, None, None, None)
+                              cache_leftpad, cache_batch_idx, block_table, key_mask, None, None, None)
     extra = {}
     if sinks is not None:
         extra["Sinks"] = sinks
@@ -626,22 +626,22 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     FP8 caches (q FP8 of their type, or high precision) come with `descale`, fp32 (batch, hk, 3)
     contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
 
-    Decode is host-bound at small batches: the common call (dense or paged cache; no rotary, ALiBi,
-    key mask or varlen) reuses a memoized _DecodePlan and only allocates and launches.
+    Decode is host-bound at small batches: the common call (dense or paged cache, with or without a
+    per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized _DecodePlan and only allocates and launches.
     """
     plan_key = None
-    if (rotary_cos is None and alibi_slopes is None and key_mask is None and cu_seqlens_q is None
-            and cu_seqlens_k is None and seqused_k is None):
+    if rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
         plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
                     v_cache.stride(), k_cache.dtype,
                     None if block_table is None else (block_table.shape, block_table.stride()),
+                    None if key_mask is None else (key_mask.shape, key_mask.stride(), key_mask.dtype),
                     cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
                     cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
                     window_right, softcap, num_splits)
         plan = _PLANS.get(plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-                             sinks, descale)
+                             key_mask, sinks, descale)
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
         total_q, hq, d = q.shape

@@ -111,7 +111,11 @@ TABLES = {
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
                  "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
-                 "fp32": {"BLOCK_N": 32, "num_stages": 2}},
+                 "fp32": {"BLOCK_N": 32, "num_stages": 2},
+                 # FP8 (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-23): 64x128/w4/s3 fastest on 3 of 4
+                 # rows, e.g. s8k full 1.611 ms vs this entry's 128x128/w8 1.848 (bf16 2.138), s8k causal
+                 # 1.069 vs 1.194; s4k causal tied with 64x64/w4/s3 (0.716)
+                 "fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},

@@ -516,3 +516,33 @@ def test_repeated_calls_reuse_checks_and_plans_but_still_check(device):
     if device == "cpu":  # device values are checked where that costs no sync, memo or not
         with pytest.raises(ValueError, match="cache_seqlens"):
             fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens + 1, causal=True)
+
+
+def test_key_mask_calls_reuse_the_plan_with_their_own_mask(device):
+    """Transformers' decode route passes a per-key mask: those calls take the memoized plan too, and
+    a plan hit reads the mask of its own call (a hole moved between calls moves the result)."""
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(11)
+    q = torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16)
+    k_cache = torch.randn(2, 37, 2, 24, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    masks = [torch.ones(2, 37, dtype=torch.uint8, device=device) for _ in range(2)]
+    masks[0][0, 5], masks[1][1, 30] = 0, 0
+
+    def call(mask):
+        return dec.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, key_mask=mask)[0]
+
+    dec._PLANS.clear()
+    call(masks[0])
+    assert len(dec._PLANS) == 1
+    hit = call(masks[1])
+    assert len(dec._PLANS) == 1
+    dec._PLANS.clear()
+    fresh = call(masks[1])
+    torch.testing.assert_close(hit, fresh, rtol=0, atol=0)
+    keep = masks[1].bool()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k_cache.double().repeat_interleave(2, 2)) * 24 ** -0.5
+    probs = scores.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", probs, v_cache.double().repeat_interleave(2, 2))
+    assert (hit.double() - ref).abs().max() < 2e-3
