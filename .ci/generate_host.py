@@ -46,11 +46,16 @@ def main():
         run()
         prof.disable()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(28)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
         print(buf.getvalue())
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats("fa_amd|integrations|sdpa_attention", 25)
         print(buf.getvalue())
+        # GPU side: the kernels' own time per generate(), by kernel
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as gpu_prof:
+            run()
+        print(gpu_prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -36,11 +36,12 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
 from ..tuning import get_decode_config, get_decode_split_policy
 from .blocks import dot_rows_nt, in_loop, key_ranges
-from .launch import cdiv, head_dim_padded, launch, new_output, score_args
+from .launch import CompiledLaunch, cdiv, head_dim_padded, launch, new_output, score_args
 from .rotary import rotary_forward
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, score_log2, sink_init
 
@@ -566,6 +567,7 @@ class _DecodePlan(NamedTuple):
     merge_grid: tuple
     merge_ints: tuple
     merge_kwargs: dict
+    replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
 
 
 # call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
@@ -585,6 +587,21 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
             given(key_mask), given(rotary_cos), given(rotary_sin), given(alibi_slopes))
 
 
+def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, kwargs, extra):
+    """kernel[grid](*tensors, *ints, **kwargs, **extra) through the plan's replayed CompiledLaunch of
+    it when Triton would specialise these tensors as it did the first time, else through the JIT
+    (whose CompiledKernel then becomes the plan's replay)."""
+    call = tensors + tuple(extra.values())
+    replay = plan.replays.get(name)
+    if replay is not None and replay.run(call):
+        return
+    compiled = kernel[grid](*tensors, *ints, **kwargs, **extra)
+    if isinstance(compiled, CompiledKernel):  # (not the interpreter's or an AOT recorder's launch)
+        names = tuple(kernel.arg_names[:len(tensors)]) + tuple(extra)
+        plan.replays[name] = CompiledLaunch(kernel, compiled, grid, tensors + ints, dict(kwargs, **extra), names,
+                                            arch_for(tensors[0]).is_hip)
+
+
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
               key_mask, sinks, descale):
     out = new_output(q, plan.out_shape, plan.out_dtype)
@@ -601,10 +618,10 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
         extra["Sinks"] = sinks
     if descale is not None:
         extra["Descale"] = descale
-    decode_kernel[plan.grid](*tensors, *plan.ints, **plan.kwargs, **extra)
+    _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra)
     if plan.part_shapes is not None:
-        split_merge_kernel[plan.merge_grid](out, lse, out_part, lse_part, *plan.merge_ints, **plan.merge_kwargs,
-                                            **({"Sinks": sinks} if sinks is not None else {}))
+        _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
+                         plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {})
     return out, lse
 
 
@@ -752,5 +769,5 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         _PLANS[plan_key] = _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs)
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, {})
     return out, lse

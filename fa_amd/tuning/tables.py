@@ -424,6 +424,10 @@ FP8_MIN_TRITON = {"gfx950": (3, 6)}
 #   gfx950 no byte LDS traffic in either layout (150 vs 146 VGPRs at d64): left head-dim-major, so
 #          FA3-style inputs there pay no copy.  (sm120 follows sm89: the same mma.sync path.)
 FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")
+# How a Triton CompiledKernel's launcher takes a call's arguments (kernels/launch.CompiledLaunch, which
+# replays the decode loop's launches without the JIT's dispatch): every parameter's value in order, or,
+# before triton 3.3, the non-constexpr ones only (the JIT's own launch passed those).
+COMPILED_LAUNCH = {"args": "all", "triton<3.3": {"args": "runtime"}}
 # The FP8 quantisation kernels of the quantising functions (fa_amd/kernels/quantize.py), by arch name,
 # then family, then "default": BLOCK_ELEMENTS elements (tokens x padded head dim) per block, at most
 # MAX_SPLITS programs per (sequence, head) (each walks every MAX_SPLITS-th block), num_warps.  Both
