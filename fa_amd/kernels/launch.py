@@ -158,7 +158,7 @@ class CompiledLaunch:
         index = {params[i].name: j for j, i in enumerate(keep)}
         self.values = [values[i] for i in keep]
         self.slots = [index[name] for name in tensor_params]
-        self.runner = compiled[grid]
+        self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (the runner reads three axes)
         self.hip = hip
         self.signature = self._signature([self.values[j] for j in self.slots])
         for j in self.slots:  # hold no tensor of the first call (a KV cache may be gigabytes)
