@@ -752,8 +752,10 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         merge_grid = (cdiv(n_rows, merge["BLOCK_M"]),)
         merge_ints = (n_rows, hq, total_q if q_varlen else seqlen_q, splits, *o_strides, *l_strides)
         merge_kwargs = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
-                            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
-        split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs, **sink_kwargs)
+                            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"},
+                            **({"HAS_SINKS": True} if sinks is not None else {}))
+        split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs,
+                                       **({"Sinks": sinks} if sinks is not None else {}))
     if q_varlen:
         # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse -inf, as the
         # prefill kernels give them; no kernel row writes them, so they are set here (on the device, no sync)
