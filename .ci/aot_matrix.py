@@ -8,7 +8,7 @@ system triton), one version after the other, and the version x target table is p
 
     python .ci/aot_matrix.py                           # every version, full sweep, AMD targets
     python .ci/aot_matrix.py --versions 3.2.0 --ci     # what .ci/run runs: the CI subset under 3.2
-    python .ci/aot_matrix.py --from-json DIR           # the table of earlier runs
+    python .ci/aot_matrix.py --from-json DIR           # the tables of earlier runs
 
 Exit status: non-zero when any version has a compile error or AMD scratch outside
 fa_amd.aot.KNOWN_SCRATCH.
@@ -102,6 +102,35 @@ def matrix_table(paths, targets) -> tuple:
     return "\n".join(lines), ok
 
 
+def kernel_table(paths, targets, kernels) -> str:
+    """One line per (triton, target): per kernel, the variants built, max VGPRs, max scratch B and min
+    occupancy (docs/AOT.md's decode table)."""
+    sys.path.insert(0, str(ROOT))
+    from fa_amd.aot import CompileResult
+
+    head = " | ".join(f"{k}: built, VGPRs, scratch B, occupancy" for k in kernels)
+    lines = [f"| triton | target | {head} |", "|---|---|" + "---|" * len(kernels)]
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        results = [CompileResult(**r) for r in payload["results"]]
+        for target in targets:
+            if target not in payload["targets"]:
+                continue
+            cells = []
+            for kernel in kernels:
+                rows = [r for r in results if (r.target, r.kernel) == (target, kernel)]
+                built = [r for r in rows if r.error is None]
+                if not rows:
+                    cells.append("-")
+                    continue
+                vgprs = max((r.vgprs for r in built if r.vgprs is not None), default=None)
+                occ = min((r.occupancy for r in built if r.occupancy is not None), default=None)
+                scratch = max((r.scratch_bytes or 0 for r in built), default=0)
+                cells.append(f"{len(built)}/{len(rows)}, {vgprs}, {scratch}, {occ}")
+            lines.append(f"| {payload['triton']} | {target} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), help="triton versions ('installed': this one)")
@@ -125,6 +154,10 @@ def main(argv=None) -> int:
         paths = [run_version(v, args) for v in args.versions]
     table, ok = matrix_table(paths, args.arch)
     print("\n" + table)
+    from fa_amd.aot import DECODE_KERNELS
+
+    print("\nThe decode kernels:\n")
+    print(kernel_table(paths, args.arch, DECODE_KERNELS))
     return 0 if ok else 1
 
 

@@ -8,6 +8,8 @@ import torch
 from fa_amd import aot, aot_launches
 from fa_amd.tuning import fp8_min_triton
 
+from .test_aot_decode import public_decode_launch
+
 
 def _call(target, kernel, variant="all", d=128, dtype="bf16"):
     job = aot.CompileJob(target, kernel, d, dtype, variant)
@@ -76,16 +78,10 @@ def test_fp8_aot_signatures_are_the_public_api_launches(kernel):
                                           alibi_slopes=a["alibi_slopes"], q_descale=ones, k_descale=ones,
                                           v_descale=ones, out_dtype=torch.bfloat16)
         else:
-            kw = aot_launches._decode_inputs(p, q_fp8=kernel == "decode_fp8")
+            kw = aot_launches._decode_inputs(p, q_fp8=kernel == "decode_fp8", kv_fp8=True)
             ones = torch.ones(2, kw["k_cache"].shape[2])
-            new = torch.zeros(2, 1, kw["k_cache"].shape[2], 40, dtype=torch.bfloat16)
-            fa_amd.flash_attn_with_kvcache(
-                kw["q"], kw["k_cache"], kw["v_cache"], new, new, kw["rotary_cos"], kw["rotary_sin"],
-                cache_seqlens=kw["cache_seqlens"], cache_leftpad=kw["cache_leftpad"], block_table=kw["block_table"],
-                softmax_scale=kw["softmax_scale"], causal=True, window_size=(kw["window_left"], -1),
-                softcap=kw["softcap"], alibi_slopes=kw["alibi_slopes"], num_splits=4, sinks=kw["sinks"],
-                k_descale=ones, v_descale=ones, out_dtype=torch.bfloat16,
-                **(dict(q_descale=ones) if kernel == "decode_fp8" else {}))
+            public_decode_launch("all", kw, torch.bfloat16, k_descale=ones, v_descale=ones, out_dtype=torch.bfloat16,
+                                 **(dict(q_descale=ones) if kernel == "decode_fp8" else {}))
     fn = aot._kernel(spec)
 
     def arguments(call):
