@@ -82,11 +82,11 @@ def sweep_dtypes(kernel: str) -> tuple:
 # dtype: that dtype's builds only).
 # The gfx1100 training-kernel rows that spilled (every d128 backward and d256 kernel, the d64
 # atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since 2026-11, with zero scratch
-# (docs/AOT.md).  Left: fp32 decode at d256 on RDNA3, whose FMA dots (no fp32 WMMA) hold a whole
-# reduction slice per thread: 856..1700 B at every tile tried (16x16 to 16x32, 4 to 16 warps,
-# RELOAD_CHUNK 0/16/32; tables.py, "gfx1100" decode rows).
+# (docs/AOT.md).  Left: fp32 decode at d256 on RDNA3, whose dots are FMA loops (no fp32 WMMA):
+# 856..880 B under triton 3.6 at the row's 16x16 tile with 16 warps, more at every other tile tried
+# (up to 16x32, 4 to 16 warps, RELOAD_CHUNK 0/16/32; tables.py, "gfx1100" decode rows).
 KNOWN_SCRATCH: Dict[tuple, str] = {
-    ("gfx1100", "decode", 256, "fp32"): "fp32 decode, d256, RDNA3: FMA dots spill 856..1700 B at every tile tried "
+    ("gfx1100", "decode", 256, "fp32"): "fp32 decode, d256, RDNA3 (FMA dots): spills at every tile tried "
                                         "(docs/AOT.md, 'Decode kernels')",
 }
 # The same for older Tritons only: {"triton<X.Y": {(table family, kernel, table row head_dim): reason}},
@@ -211,7 +211,7 @@ def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
 
 def _pressure(kernel: str, cfg: Dict, d_pad: int) -> int:
     """Rough register-pressure score of a tile config (fp32 accumulators + score tile)."""
-    bm, bn = cfg["BLOCK_M"], cfg.get("BLOCK_N", 0)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if kernel in _DKDV_KERNELS:
         return bn * (2 * d_pad + bm)
     return bm * (d_pad + bn)
@@ -225,12 +225,9 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, s
     table_kernel = LAUNCHES[kernel].table_kernel
     if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
-    if table_kernel in DECODE_TABLE_KERNELS:
+    if LAUNCHES[kernel].module == "decode":  # tables.DECODE_TABLES ("causal": the wide tile)
         return decode_config(target, kernel, d_pad, wide=causal)
     return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short, fp8=kernel in FP8_KERNELS)
-
-
-DECODE_TABLE_KERNELS = ("decode", "merge", "append")
 
 
 def decode_config(target: str, kernel: str, d_pad: int, wide: bool = False, fp32: bool = False) -> Dict:
@@ -247,7 +244,8 @@ def _has_short(target: str, kernel: str, d_pad: int) -> bool:
     from .tuning import default_entry
 
     table_kernel = LAUNCHES[kernel].table_kernel
-    return bool(table_kernel and table_kernel not in DECODE_TABLE_KERNELS and default_entry(_arch_of(target), table_kernel, d_pad).get("short"))
+    return bool(table_kernel and LAUNCHES[kernel].module != "decode"
+                and default_entry(_arch_of(target), table_kernel, d_pad).get("short"))
 
 
 def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: str = "") -> bool:
@@ -763,7 +761,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--full", action="store_true",
                         help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
     parser.add_argument("--dtypes", nargs="+", choices=ALL_DTYPES, default=None,
-                        help=f"with --full: dtypes (default: {' '.join(DTYPES)}; fp32 too for {' '.join(DECODE_KERNELS)})")
+                        help=f"with --full: dtypes (default: {' '.join(DTYPES)}; fp32 too for "
+                             f"{' '.join(DECODE_KERNELS)})")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="with --full: feature variants")
     parser.add_argument("--tune-candidates", action="store_true",

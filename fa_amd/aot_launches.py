@@ -261,7 +261,7 @@ _DECODE_SPLITS = {"plain": 2, "all": 4, "varlen": 4, "masked": 2}  # the others:
 def _decode_inputs(p: Problem, q_fp8: bool = False, kv_fp8: bool = False) -> Dict[str, Any]:
     """decode_forward's arguments for the problem's variant (the block above): the job's dtype, or for
     an FP8 KV cache the target's FP8 type for the caches (and q when q_fp8), with their descales and an
-    output in the job's dtype.  "new_tokens": how many of the keys the call appended (kv_append)."""
+    output in the job's dtype.  "seqlen_new": how many of the keys the call appended first (kv_append)."""
     import torch
 
     from .kernels import decode
@@ -293,9 +293,7 @@ def _decode_inputs(p: Problem, q_fp8: bool = False, kv_fp8: bool = False) -> Dic
         kw["k_cache"] = torch.zeros(batch + (v == "dense"), cache, hk, d, dtype=fp8_dtype)
     kw["v_cache"] = torch.zeros_like(kw["k_cache"])
     if v in ("all", "dense", "masked"):
-        kw["cache_leftpad"] = torch.zeros(batch, dtype=torch.int32)
-    if v in ("all", "dense", "masked"):
-        kw["sinks"] = torch.zeros(hq, dtype=torch.float32)
+        kw.update(cache_leftpad=torch.zeros(batch, dtype=torch.int32), sinks=torch.zeros(hq, dtype=torch.float32))
     if v in ("all", "dense"):  # flash-attn's (seqlen_ro, rotary_dim / 2) tables: partial rotary in "all"
         rot = d // 4 if v == "all" else d // 2
         kw.update(rotary_cos=torch.zeros(cache, rot), rotary_sin=torch.zeros(cache, rot),

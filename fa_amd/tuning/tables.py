@@ -340,11 +340,11 @@ _CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
 # 32-key tiles at d128 (and the wide 64x32 tile, one stage) and waves_per_eu 1 (512 registers) at d256,
 # which also cures the SGPR slot; at wpe 2 16x16 tiles still spilled 120 B (gfx942, 3.2).  fp32
 # inputs (twice the registers per element) spilled at d128/d256 under every version, 3.9 included
-# (8..1064 B): waves_per_eu 1 there.
+# (8..1064 B): waves_per_eu 1 there, and 16-key tiles at d256 (16x32 at wpe 1 still spilled 40..464 B
+# in the per-key-mask route under 3.2).
 _CDNA_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64, "triton<3.5": {"BLOCK_N": 32, "num_stages": 1}},
               256: {"BLOCK_M": 32, "BLOCK_N": 32}}
-_CDNA_FP32 = {128: dict(_DECODE_FP32, waves_per_eu=1), 256: dict(_DECODE_FP32, waves_per_eu=1)}
-_GFX908_FP32 = {128: _CDNA_FP32[128], 256: {"num_stages": 1, "waves_per_eu": 1}}  # (its d256 row has 16 keys)
+_CDNA_FP32 = {128: dict(_DECODE_FP32, waves_per_eu=1), 256: dict(_DECODE_FP32, BLOCK_N=16, waves_per_eu=1)}
 DECODE_TABLES = {
     # interpreter: tiny tiles, so CPU tests cross key blocks and pages on short caches
     "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -377,7 +377,7 @@ DECODE_TABLES = {
                             "triton<3.7": {"BLOCK_N": 32}},
                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
                            {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
-                            "triton<3.4": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _GFX908_FP32),
+                            "triton<3.4": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
     # RDNA3: q streamed in 32-column chunks (RELOAD_CHUNK, as the prefill rows do); with q and K
     # resident every tile spilled (AOT: 12..1208 B scratch at 16x16..16x64, 4 or 8 warps).  fp32 inputs
     # (no fp32 WMMA: FMA dots, which hold a whole reduction slice per thread) spilled 164..3180 B at these
