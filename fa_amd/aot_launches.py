@@ -187,8 +187,9 @@ LAUNCHES = {
 #   decode_fp8    decode_kernel, FP8 q over an FP8 KV cache (both products in FP8)
 #   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
 #   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
+#   amax_fp8, cast_fp8  the quantising functions' two passes (kernels/quantize.py)
 # Variants: "plain", "causal" and "all" of the decode launches below (the same problems, with an FP8
-# cache).
+# cache); the quantiser's: see _run_quantize_fp8.
 
 def _fp8_dtype_of(module):
     """The FP8 type of the target a launcher module runs as while recorded (its arch_for is the
@@ -224,11 +225,31 @@ def _run_append_fp8(p: Problem):
     _run_append(p, kv_fp8=True)
 
 
+def _run_quantize_fp8(p: Problem, relayout: bool = False):
+    """The quantising functions' quantisation (kernels/quantize.py) of a job-dtype tensor: "all" quantises
+    V dense, token-major where the target's forward reads it so (the cast's transposing store), "causal"
+    varlen (the tail row past cu_seqlens[-1]), "plain" dense in the usual layout -- or, with `relayout`
+    on a token-major target, the unscaled cast that copies an FA3-style FP8 V token-major."""
+    from . import fp8
+    from .kernels import quantize
+
+    a = _attention_inputs(Problem(p.dtype, p.head_dim, varlen=p.variant == "causal"))
+    v, fp8_dtype = a["v"], _fp8_dtype_of(quantize)
+    token_major = fp8._token_major(quantize.arch_for(None), False, v.shape[1], v.shape[-1])
+    if relayout and token_major and p.variant == "plain":
+        fp8.token_major_copy(v.to(fp8_dtype))
+        return
+    fp8.quantize_fp8(v, fp8_dtype, a["cu_seqlens_k"], token_major=token_major and p.variant == "all",
+                     max_seqlen=a["max_seqlen_k"])
+
+
 FP8_LAUNCHES = {
     "fwd_fp8": Launch("forward", "attn_fwd_kernel", _run_forward_fp8, table_kernel="fwd"),
     "decode_fp8": Launch("decode", "decode_kernel", _run_decode_fp8, table_kernel="decode"),
     "decode_fp8kv": Launch("decode", "decode_kernel", _run_decode_fp8, dict(q_fp8=False), table_kernel="decode"),
     "append_fp8": Launch("decode", "kv_append_kernel", _run_append_fp8, table_kernel="append"),
+    "amax_fp8": Launch("quantize", "fp8_amax_kernel", _run_quantize_fp8),
+    "cast_fp8": Launch("quantize", "fp8_cast_kernel", _run_quantize_fp8, dict(relayout=True)),
 }
 
 
@@ -417,7 +438,9 @@ def launch_call(job) -> LaunchCall:
     spec = LAUNCHES[job.kernel]
     p = Problem.of(job)
     calls: List[LaunchCall] = []
-    modules = [importlib.import_module(f"fa_amd.kernels.{m}") for m in ("launch", spec.module) + spec.also_records]
+    # (quantize: the FP8 forward's V relayout runs its cast kernel before the launch; recorded, not run)
+    modules = [importlib.import_module(f"fa_amd.kernels.{m}")
+               for m in dict.fromkeys(("launch", "quantize", spec.module) + spec.also_records)]
     hooks = dict(spec.hooks)
     if job.kernel in _DKDV_KERNELS and p.group > 1:  # whole groups per dK/dV program, or one head ("split")
         hooks["backward.DKDV_HEADS_PER_PROGRAM"] = 1 if p.split else p.group

@@ -4,6 +4,7 @@
     fa-amd bench --quick --out bench_out
     fa-amd bench --from-json bench_out/results.json --markdown docs/PERFORMANCE.md
     TRITON_INTERPRET=1 fa-amd bench --smoke     # tiny CPU run (CI)
+    fa-amd bench --only sdpa-route              # the SDPA route row alone
 
 Shapes: head dim 64/128/256, causal and not, seqlen 512..16k holding
 batch*seqlen = 16k tokens and nheads*headdim = 2048 (d96 / d192 at 1k, 4k, 16k:
@@ -15,7 +16,8 @@ an L2 flush (triton.testing.do_bench's method), on random inputs, in
 interleaved rounds with its peers (ROUNDS); the median round is reported.
 Peak memory is that of one forward+backward, beside plain PyTorch ("eager").
 Then the SDPA route row: a model that calls F.scaled_dot_product_attention itself, timed as torch
-runs it, with SDPA's math backend, and inside fa_amd.sdpa_route() (--no-sdpa-route skips it).
+runs it, with SDPA's math backend, and inside fa_amd.sdpa_route() (--no-sdpa-route skips it;
+--only sdpa-route runs it alone).
 """
 from __future__ import annotations
 
@@ -766,11 +768,12 @@ def environment(device) -> Dict:
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
         host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
-        sdpa_route: bool = True, fp8: bool = False) -> List[Result]:
-    """Every shape (fp8: the FP8 rows'), then the SDPA route row (`sdpa_route`); `checkpoint(results so
-    far)` after each (a cut run keeps what it measured)."""
+        sdpa_route: bool = True, fp8: bool = False, kernel_rows: bool = True) -> List[Result]:
+    """Every shape (fp8: the FP8 rows'; none without `kernel_rows`), then the SDPA route row
+    (`sdpa_route`); `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
     results = []
-    for shape in (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)):
+    kernel_shapes = (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)) if kernel_rows else []
+    for shape in kernel_shapes:
         if checkpoint is not None and results:
             checkpoint(results)
         log(f"{shape.label}")
@@ -821,6 +824,8 @@ def _na(key: str, used: set) -> str:
 def markdown_tables(results: List[Result]) -> str:
     route_lines = sdpa_route_table(results)
     results = [r for r in results if r.kind != SDPA_ROUTE_KIND]
+    if not results:  # --only sdpa-route: no kernel tables to draw
+        return "\n".join(route_lines)
     methods = [m for m in METHODS + FP8_METHODS if any(r.method == m for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
@@ -1010,6 +1015,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--no-sdpa-route", action="store_true",
                         help="skip the SDPA route row (a model calling F.scaled_dot_product_attention, timed as "
                              "torch runs it, with SDPA's math backend, and inside fa_amd.sdpa_route())")
+    parser.add_argument("--only", choices=("sdpa-route",), default=None,
+                        help="run only these rows: 'sdpa-route' times the SDPA route row alone (no kernel "
+                             "shapes; --dtype and --rounds apply), the quick way to that number on a GPU")
     parser.add_argument("--from-json", metavar="PATH", nargs="+",
                         help="do not run; report results.json files from earlier runs (several: merged, "
                              "all from one GPU)")
@@ -1053,6 +1061,10 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
 
 def run_cli(args) -> int:
     if getattr(args, "decode", False) or getattr(args, "generate", False):
+        if getattr(args, "only", None):
+            print("error: --only picks prefill-side rows; it does not combine with --decode / --generate",
+                  file=sys.stderr)
+            return 2
         from . import bench_decode
 
         return bench_decode.run_cli(args)
@@ -1071,6 +1083,13 @@ def run_cli(args) -> int:
         if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
             print("error: on CPU set TRITON_INTERPRET=1 (fa_amd's kernels run through Triton's interpreter)",
                   file=sys.stderr)
+            return 2
+        route_only = args.only == "sdpa-route"
+        if route_only and (args.no_sdpa_route or args.fp8 or args.methods or args.quick or args.head_dims
+                           or args.host_time):
+            print("error: --only sdpa-route runs the SDPA route row alone; it takes --dtype, --rounds, --smoke, "
+                  "--out and --markdown, not --no-sdpa-route, --fp8, --methods, --quick, --head-dims or "
+                  "--host-time", file=sys.stderr)
             return 2
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
         methods = args.methods or (("fa_amd", "sdpa_flash", "eager") if args.smoke else METHODS)
@@ -1097,7 +1116,7 @@ def run_cli(args) -> int:
             os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
                       host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None,
-                      sdpa_route=not (args.no_sdpa_route or args.fp8), fp8=args.fp8)
+                      sdpa_route=not (args.no_sdpa_route or args.fp8), fp8=args.fp8, kernel_rows=not route_only)
         payload = payload_of(results)
         if args.out and os.path.exists(os.path.join(args.out, "results.partial.json")):
             os.remove(os.path.join(args.out, "results.partial.json"))
@@ -1128,6 +1147,10 @@ def run_cli(args) -> int:
     fa_rows = [r for r in results if r.method == "fa_amd"]
     if fa_rows and all(r.ms is None for r in fa_rows):
         print("error: every fa_amd measurement failed", file=sys.stderr)
+        return 1
+    route_rows = [r for r in results if r.kind == SDPA_ROUTE_KIND and r.method == "fa_amd route"]
+    if getattr(args, "only", None) == "sdpa-route" and not any(r.ms is not None for r in route_rows):
+        print("error: the fa_amd route measurement failed", file=sys.stderr)
         return 1
     return 0
 

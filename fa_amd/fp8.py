@@ -11,15 +11,16 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
   must be > 0, as reciprocal scales are), and `out_dtype` (bfloat16 by default; float16
   or float32).  Forward only, like FA3's FP8: FP8 inputs that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
-  is copied per call; a V that is a transposed contiguous (batch, nheads_k, d, seqlen)
-  tensor is used as it is.
+  is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
+  nheads_k, d, seqlen) tensor is used as it is.
 * `flash_attn_with_kvcache` with FP8 `k_cache` / `v_cache` (and paged `flash_attn_varlen_func`
   with FP8 pages): the split-KV decode kernel's FP8 path (kernels/decode.py); the rules are
   `kvcache_fp8_args`'s.
 * `flash_attn_fp8_func`, `flash_attn_varlen_fp8_func`, `flash_attn_qkvpacked_fp8_func`,
   `flash_attn_varlen_qkvpacked_fp8_func`: fp16 / bf16 / fp32 inputs with the signatures
   of their high-precision siblings, quantised inside to the arch's FP8 type with one
-  amax scale per (sequence, head) (`quantize_fp8`), output in the inputs' dtype, and
+  amax scale per (sequence, head) (`quantize_fp8`: two Triton passes, kernels/quantize.py,
+  writing V straight into the layout the forward reads), output in the inputs' dtype, and
   differentiable.
 
 Backward of the quantising functions: the gradients with respect to the high-precision
@@ -44,7 +45,9 @@ from . import interface as _api  # argument checks (this module sits above the i
 from . import ops
 from .arch import TRITON_VERSION, arch_for
 from .kernels.forward import attention_forward
-from .kernels.launch import MAX_ROW_OFFSET
+from .kernels import launch as _launch
+from .kernels.launch import MAX_ROW_OFFSET, new_output
+from .kernels.quantize import quantize_into
 from .tuning import fp8_dtype_names, fp8_min_triton, fp8_v_token_major
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -215,37 +218,21 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
 # --------------------------------------------------------------------------- quantisation
 
 def quantize_fp8(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor] = None,
-                 token_major: bool = False) -> Tuple[Tensor, Tensor]:
+                 token_major: bool = False, max_seqlen: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """(x8, descale): x (batch, seqlen, nheads, d), or (total, nheads, d) with cu_seqlens, scaled per
     (sequence, head) so its largest magnitude maps to the fp8 type's max: x8 = fp8(clamp(x * scale)),
     scale = fp8_max / amax, descale = amax / fp8_max (1 for all-zero or empty heads); descale is
     fp32 (batch, nheads).  token_major (dense only): x8 is laid out token-major per head
-    (token_major_empty), as the forward reads V on tables.FP8_V_TOKEN_MAJOR families."""
-    fp8_max = torch.finfo(fp8_dtype).max
-    varlen = cu_seqlens is not None
-    if varlen:
-        batch = cu_seqlens.numel() - 1
-        # each token's sequence; tokens past cu_seqlens[-1] (unused padding) land in a spare row
-        seq = torch.searchsorted(cu_seqlens[1:].to(torch.int64), torch.arange(x.shape[0], device=x.device),
-                                 right=True)
-        token_amax = x.detach().abs().amax(dim=-1).float()
-        amax = token_amax.new_zeros(batch + 1, x.shape[1]).scatter_reduce_(
-            0, seq[:, None].expand(-1, x.shape[1]), token_amax, "amax")[:batch]
-    else:
-        amax = x.detach().abs().amax(dim=(1, 3)).float()
-    nonzero = amax > 0
-    scale = torch.where(nonzero, fp8_max / amax, torch.ones_like(amax))
-    descale = torch.where(nonzero, amax / fp8_max, torch.ones_like(amax))
-    if varlen:
-        token_scale = torch.cat((scale, scale.new_ones(1, scale.shape[1])))[seq][..., None]
-    else:
-        token_scale = scale[:, None, :, None]
-    scaled = (x.detach().float() * token_scale).clamp_(-fp8_max, fp8_max)
-    if token_major and not varlen:
+    (token_major_empty), as the forward reads V on tables.FP8_V_TOKEN_MAJOR families.  Two Triton
+    passes over x (kernels/quantize.py); max_seqlen (varlen, optional) only sizes their grid."""
+    x = x.detach()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if token_major and cu_seqlens is None:
         x8 = token_major_empty(x.shape, fp8_dtype, x.device)
-        x8.copy_(scaled)
     else:
-        x8 = scaled.to(fp8_dtype)
+        x8 = new_output(x, x.shape, fp8_dtype)
+    descale = quantize_into(x, x8, torch.finfo(fp8_dtype).max, cu_seqlens, max_seqlen)
     return x8, descale
 
 
@@ -263,8 +250,19 @@ def token_major_empty(shape, dtype: torch.dtype, device) -> Tensor:
     finite, as P is 0 there."""
     batch, seqlen, nheads, d = shape
     storage = torch.empty(batch, nheads, d, _padded_tokens(seqlen), dtype=dtype, device=device)
+    if _launch.POISON_OUTPUTS:  # (tests: unwritten values show as NaN)
+        storage.fill_(float("nan"))
     storage[..., seqlen:].zero_()
     return storage[..., :seqlen].permute(0, 3, 1, 2)
+
+
+def token_major_copy(v: Tensor) -> Tensor:
+    """An FP8 V (batch, seqlen, nheads, d) copied token-major (token_major_empty) by the quantiser's
+    cast kernel run unscaled (one read, one write; its tiles transpose in shared memory)."""
+    out = token_major_empty(v.shape, v.dtype, v.device)
+    if v.numel():
+        quantize_into(v if v.stride(-1) == 1 else v.contiguous(), out, 0.0, scaled=False)
+    return out
 
 
 def _token_major(arch, varlen: bool, seqlen_k: int, head_dim: int) -> bool:
@@ -284,7 +282,7 @@ def _v_layout(v: Tensor, varlen: bool, arch) -> Tensor:
     if _token_major(arch, varlen, v.shape[1] if not varlen else 0, v.shape[-1]):
         if v.stride(1) == 1 and v.stride(-1) == v.shape[1] and v.shape[1] > 1:
             return v
-        return token_major_empty(v.shape, v.dtype, v.device).copy_(v)
+        return token_major_copy(v)
     return v if v.stride(-1) == 1 else v.contiguous()
 
 
@@ -384,9 +382,9 @@ def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     fp8_dtype = fp8_dtypes(q)[0]
     varlen = cu_seqlens_q is not None
     token_major = _token_major(arch_for(q), varlen, 0 if varlen else v.shape[1], v.shape[-1])
-    q8, q_descale = quantize_fp8(q, fp8_dtype, cu_seqlens_q)
-    k8, k_descale = quantize_fp8(k, fp8_dtype, cu_seqlens_k)
-    v8, v_descale = quantize_fp8(v, fp8_dtype, cu_seqlens_k, token_major=token_major)
+    q8, q_descale = quantize_fp8(q, fp8_dtype, cu_seqlens_q, max_seqlen=max_seqlen_q)
+    k8, k_descale = quantize_fp8(k, fp8_dtype, cu_seqlens_k, max_seqlen=max_seqlen_k)
+    v8, v_descale = quantize_fp8(v, fp8_dtype, cu_seqlens_k, token_major=token_major, max_seqlen=max_seqlen_k)
     return _fp8_forward(q8, k8, v8, pack_descales(q_descale, k_descale, v_descale, q.shape[-2]), cu_seqlens_q,
                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
                         window_right, softcap, alibi_slopes, rng_state, return_probs, q.dtype)

@@ -150,10 +150,16 @@ def _check_float32_range(softmax_scale: float, softcap: float):
         if abs(softmax_scale) / softcap >= _FLOAT32_MAX:
             raise ValueError(f"softmax_scale / softcap = {softmax_scale} / {softcap} overflows float32 (the kernels "
                              f"compute softcap * tanh(q.k * softmax_scale / softcap) in float32)")
-    elif abs(softmax_scale) * _LOG2E >= _FLOAT32_MAX:
-        raise ValueError(f"softmax_scale = {softmax_scale} overflows the kernels' float32 scores "
-                         f"(softmax_scale * log2(e) must be below the float32 maximum, so |softmax_scale| < "
-                         f"{_FLOAT32_MAX / _LOG2E:.3g})")
+    elif abs(softmax_scale) > MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale = {softmax_scale} overflows the kernels' float32 scores: q.k * softmax_scale "
+                         f"is float32 there, and past |softmax_scale| = {MAX_SOFTMAX_SCALE:.0e} ordinary scores "
+                         f"(|q.k| above {_FLOAT32_MAX / MAX_SOFTMAX_SCALE:.1e}) become inf and the softmax NaN; "
+                         f"use |softmax_scale| <= {MAX_SOFTMAX_SCALE:.0e} (or a softcap, which bounds the score)")
+
+
+# Without softcap, the largest |softmax_scale| taken: scores up to |q.k| = 3.4e6 stay finite (a larger
+# scale is hard attention already; 1e38 turned ordinary scores into inf - inf = NaN)
+MAX_SOFTMAX_SCALE = 1e32
 
 
 def _check_alibi(alibi_slopes, q, batch: int, nheads: int):

@@ -313,6 +313,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     bfloat16 for FP8 q and q's dtype otherwise.  Descale row b belongs to q's sequence b (whatever
     cache row / pages it reads).  Rules and errors: fa_amd.fp8.kvcache_fp8_args.
     """
+    plain_key = None
+    if (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
+            and cache_leftpad is None and alibi_slopes is None and sinks is None and s_aux is None
+            and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
+            and type(window_size) is tuple and not torch.compiler.is_compiling()):
+        plain_key = _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                                    window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse)
+        checked = _CHECKED_PLAIN_CALLS.get(plain_key)
+        if checked is not None:  # this call's structure passed every check below before
+            return _plain_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits,
+                               return_softmax_lse, *checked)
     paged = block_table is not None
     descale = out_dtype_fp8 = None
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
@@ -374,6 +385,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, cache_batch_idx, cache_leftpad,
                         block_table, k_cache, batch)
 
+    if plain_key is not None and not fp8:
+        if len(_CHECKED_PLAIN_CALLS) >= _MAX_CHECKED:
+            _CHECKED_PLAIN_CALLS.clear()
+        _CHECKED_PLAIN_CALLS[plain_key] = (capacity, scale, left, right, softcap, window_size)
     q = _contiguous_last(q)
     k, v = _contiguous_last(k), _contiguous_last(v)
     if seqlen_new:
@@ -388,6 +403,46 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks, descale=descale,
         out_dtype=out_dtype_fp8)
+    return (out, lse) if return_softmax_lse else out
+
+
+# flash_attn_with_kvcache: the structure of plain calls (no append, rotary, index tensors, ALiBi, sinks
+# or FP8) that passed every host check -> what the checks derived.  A decode loop repeats one call
+# structure, and the checks cost more host time than the launches (decode is host-bound).
+_CHECKED_PLAIN_CALLS = {}
+_MAX_CHECKED = 256
+
+
+def _tensor_key(t):
+    if not isinstance(t, torch.Tensor):
+        return (type(t), t)  # ints (cache_seqlens), None
+    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+                    rotary_interleaved, num_splits, return_softmax_lse):
+    """Everything the host checks of a plain call depend on; types too (True == 1 as a dict key)."""
+    scalars = (softmax_scale, causal, softcap, rotary_interleaved, num_splits, return_softmax_lse, *window_size)
+    return (_tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(cache_seqlens),
+            _tensor_key(block_table), scalars, tuple(map(type, scalars)), torch.is_grad_enabled(), INTERPRET)
+
+
+def _plain_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse, capacity,
+                scale, left, right, softcap, window_size):
+    """flash_attn_with_kvcache's plain call whose structure was checked before (see _CHECKED_PLAIN_CALLS):
+    only the device values are checked (where that costs no sync), then the kernels run."""
+    cache_seqlens_int = None
+    if isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
+    elif cache_seqlens is not None:
+        cache_seqlens_int, cache_seqlens = int(cache_seqlens), None
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache, q.shape[0])
+    out, lse = decode_attention(
+        _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
+        cache_seqlens_int=cache_seqlens_int, block_table=block_table,
+        rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -492,8 +547,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         if not row_offsets_fit(max_seqlen_k, k.stride(0), d):
             raise ValueError(f"max_seqlen_k = {max_seqlen_k} x token stride {k.stride(0)} exceeds the 2**31 "
                              f"elements fa_amd addresses within one sequence")
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k", q)
+    cu_seqlens_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+    cu_seqlens_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k", q)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")

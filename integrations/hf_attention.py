@@ -324,7 +324,7 @@ def fa_amd_attention_forward(
             raise ValueError(f"{name} has a zero-sized dimension {tuple(t.shape)}; fa_amd needs non-empty inputs")
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
         raise ValueError(
-            "fa_amd expects a 2D (batch, kv_len) padding mask or None, got "
+            "attention_mask must be a 2D (batch, key length) padding mask or None for fa_amd, got "
             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}. A 4D mask means the model was "
             "given a custom mask or the 'fa_amd' mask function is not registered (call fa_amd.integrations.register())."
         )

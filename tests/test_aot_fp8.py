@@ -106,3 +106,25 @@ def test_fp8_decode_aot_signatures_are_the_public_api_launches(kernel, variant, 
     f8 = torch.float8_e4m3fn  # the interpreter's ("cpu") FP8 type
     assert want["K" if kernel != "append_fp8" else "KCache"][0] == f8 and want["FP8_MAX"] == 448.0
     assert got == want
+
+
+def test_fp8_launches_record_without_running_a_kernel():
+    """Recording runs no kernel (the compile workers have neither a GPU nor the interpreter): the FP8
+    forward's token-major V relayout (the quantiser's cast kernel) and the quantiser's own passes are
+    recorded too.  A subprocess without TRITON_INTERPRET, as the workers run."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from fa_amd import aot\n"
+            "for t, k, v in [('gfx942', 'fwd_fp8', 'causal'), ('sm90', 'fwd_fp8', 'plain'), ('gfx942', 'cast_fp8', "
+            "'plain'), ('gfx942', 'cast_fp8', 'all'), ('sm90', 'amax_fp8', 'causal')]:\n"
+            "    call = aot.launch_call(aot.CompileJob(t, k, 128, 'bf16', v))\n"
+            "    a = aot.bound_arguments(aot._kernel(aot.LAUNCHES[k]), call.args, call.kwargs)\n"
+            "    print(t, k, v, a['V'].stride() if k == 'fwd_fp8' else a['stride_ot'] if k == 'cast_fp8' else '-')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.split("\n")
+    assert lines[0].endswith("(524288, 1, 262144, 2048)")  # gfx942: V token-major per head (2048 tokens)
+    assert lines[2].endswith(" 1") and lines[3].endswith(" 1")  # the FA3 relayout and the quantiser write it so

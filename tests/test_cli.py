@@ -230,3 +230,31 @@ def test_na_cells_say_why():
     assert "2.000 / n/a (no GPU)" in text
     assert NA_REASONS["no GPU"] in text and NA_REASONS["not run"] in text
     assert "eager: Unavailable: skipped" in text
+
+
+def test_bench_only_sdpa_route(tmp_path):
+    """--only sdpa-route: the SDPA route row alone (no kernel shapes), and clear errors for options it
+    cannot combine with."""
+    res = run_cli("bench", "--smoke", "--only", "sdpa-route", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert {r["kind"] for r in payload["results"]} == {"sdpa_route"}
+    route = [r for r in payload["results"] if r["method"] == "fa_amd route"]
+    assert len(route) == 2 and all(r["ms"] > 0 for r in route)
+    assert "fa_amd.sdpa_route()" in res.stdout and "TFLOP/s" not in res.stdout
+    for extra in (["--no-sdpa-route"], ["--fp8"], ["--methods", "fa_amd"], ["--decode"]):
+        bad = run_cli("bench", "--smoke", "--only", "sdpa-route", *extra)
+        assert bad.returncode == 2 and "--only" in bad.stderr, (extra, bad.stderr)
+
+
+@pytest.mark.cpu_only
+def test_info_without_interpreter_is_consistent():
+    """No GPU and no TRITON_INTERPRET: one story (no backend, interpreter off), never "backend
+    interpreter" beside "interpreter off" (issue 15)."""
+    env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "fa_amd.cli", "info"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    backend = [line for line in res.stdout.splitlines() if line.startswith("backend")]
+    assert len(backend) == 1 and backend[0].split()[1] == "none:" and "TRITON_INTERPRET=1" in backend[0]
+    assert "interpreter off" in res.stdout and "arch " not in res.stdout

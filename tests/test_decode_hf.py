@@ -130,7 +130,7 @@ def test_training_forward_with_a_cache_keeps_the_differentiable_kernel(device, d
 
 _CB_SCRIPT = textwrap.dedent(
     """
-    import torch, fa_amd
+    import sys, torch, fa_amd
     fa_amd.integrations.route_flash_attention_2()
     import fa_amd.kvcache as kvcache
     from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -148,19 +148,25 @@ _CB_SCRIPT = textwrap.dedent(
     expected = [model.generate(torch.tensor([p], device=device), max_new_tokens=new, do_sample=False,
                                pad_token_id=0, eos_token_id=-1)[0, len(p):].tolist() for p in prompts]
 
+    # the paged decode kernel, whichever way Transformers reaches it: fa_amd's attention function
+    # (append_and_attend) or flash_attn_with_kvcache through the flash_attn stand-in (Transformers 5.17)
     paged_calls = []
-    real = kvcache.append_and_attend
+    real = kvcache.decode_attention
     def spy(*args, **kwargs):
-        paged_calls.append(1)
+        if kwargs.get("block_table") is not None:
+            paged_calls.append(1)
         return real(*args, **kwargs)
-    kvcache.append_and_attend = spy
+    kvcache.decode_attention = spy
 
     model.set_attn_implementation("flash_attention_2")
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=-1)
     import inspect
     # the page-size argument was renamed (block_size in Transformers <= 5.17, page_size later)
     page_arg = "page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters else "block_size"
-    cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64, **{page_arg: 16})
+    # ask for the decode fast path (block tables) where this Transformers has the option
+    fast = {"max_blocks_per_request": 8} if "max_blocks_per_request" in inspect.signature(
+        ContinuousBatchingConfig).parameters else {}
+    cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64, **{page_arg: 16}, **fast)
     results = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
                                    progress_bar=False, warmup=False)
     got = [results[f"req_{i}"].generated_tokens for i in range(len(prompts))]
@@ -175,8 +181,12 @@ _CB_SCRIPT = textwrap.dedent(
     finally:
         manager.stop(block=True)
     assert result is not None and result.generated_tokens == expected[2], result
-    if device == "cuda":  # decode-only batches take the block-table fast path (the paged decode kernel)
+    # decode-only batches take the block-table fast path (the paged decode kernel) wherever this
+    # Transformers resolved it on (it offers it for flash implementations on CUDA only)
+    resolved = getattr(getattr(manager, "continuous_batching_config", None), "max_blocks_per_request", None)
+    if device == "cuda" and resolved:
         assert paged_calls, "the paged decode path never ran"
+    print("fast path", resolved, file=sys.stderr)
     print("cb-ok", len(paged_calls))
     """
 )

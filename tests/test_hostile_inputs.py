@@ -3,7 +3,9 @@ kernel API, the fused rotary op and the Transformers glue, and every point of it
 true" that concerns them.  Each case asserts a clear error or the right result (against the
 float64 reference).  Cases that once killed the process run in a subprocess (`_worker` below), so
 a regression fails a test instead of taking the suite down.  The recipes' cases are in
-tests/test_recipes.py.
+tests/test_recipes_reliability.py, the argument checks in tests/kernels/test_bad_input.py; every
+checked case is tallied (tests/reliability_log.py) for .ci/reliability_counts.py and
+docs/RELIABILITY.md.
 
 Where a case checks memory safety, the subprocess also guards every tensor the kernels read or
 write: inputs are views into NaN-padded buffers (an out-of-bounds read shows up as NaN in a row
@@ -26,7 +28,8 @@ import fa_amd
 from fa_amd.kernels import backward, forward, launch
 from fa_amd.reference import attention_ref, attention_varlen_ref
 
-from .kernels.helpers import assert_close_to_ref, compare_dense, compare_varlen, cu_seqlens, randn
+from .kernels.helpers import compare_dense, compare_varlen, cu_seqlens, randn
+from .reliability_log import record
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +42,7 @@ def poison_outputs(monkeypatch):
 def _raises(exc, match, fn, *args, **kwargs):
     with pytest.raises(exc, match=match):
         fn(*args, **kwargs)
+    record("error", match)
 
 
 # --------------------------------------------------------------------------- the subprocess worker
@@ -73,11 +77,15 @@ def _clamped_segments(cu, max_len, total):
 
 
 def _worker():
-    """Runs every crash case and prints one JSON line per case: first the checked ones, then the
-    UNCHECKED_CU ones as under FA_AMD_CHECK_VARLEN=0."""
+    """Runs every crash case and prints one JSON line per case: first the checked ones (checks
+    switched on for them), then the UNCHECKED_CU ones as FA_AMD_CHECK_VARLEN=0 (the test's
+    environment for this process) left them: through the dense varlen kernels (forward and
+    backward) and through the split-KV decode kernel (seqused_k and block_table, forward only)."""
     import fa_amd
     from fa_amd import interface
-    from fa_amd.kernels import backward, forward
+    from fa_amd.kernels import backward, decode, forward
+
+    check_varlen_at_import = interface._CHECK_VARLEN
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     guards = []
@@ -90,7 +98,7 @@ def _worker():
         guards.append((buf, n))
         return buf[GUARD:GUARD + n].view(shape)
 
-    forward.new_output = backward.new_output = guarded_output
+    forward.new_output = backward.new_output = decode.new_output = guarded_output
 
     def guarded_input(x):
         buf = torch.full((x.numel() + 2 * GUARD,), float("nan"), dtype=x.dtype, device=x.device)
@@ -104,6 +112,8 @@ def _worker():
     def report(name, **result):
         print(json.dumps(dict(case=name, **result)), flush=True)
 
+    report("environment", check_varlen_at_import=check_varlen_at_import)
+    interface._CHECK_VARLEN = True  # the checked cases
     torch.manual_seed(0)
     # the issue: a strided cu_seqlens view was read as contiguous ("double free or corruption")
     q, k, v = (torch.randn(8, 2, 16, device=device) for _ in range(3))
@@ -124,7 +134,7 @@ def _worker():
     else:
         report("numpy_inplace_change", error="cu_seqlens_q (skipped: numpy views need CPU tensors)")
 
-    interface._CHECK_VARLEN = False  # what FA_AMD_CHECK_VARLEN=0 sets at import
+    interface._CHECK_VARLEN = check_varlen_at_import  # as FA_AMD_CHECK_VARLEN=0 set it
     for i, (name, (cu_list, max_len)) in enumerate(UNCHECKED_CU.items()):
         guards.clear()
         total_q, total_k = 8, 11
@@ -147,7 +157,23 @@ def _worker():
         rows, keys = sorted(rows), sorted(keys)
         finite = bool(torch.isfinite(out[rows]).all() and torch.isfinite(q.grad[rows]).all()
                       and torch.isfinite(k.grad[keys]).all() and torch.isfinite(v.grad[keys]).all())
-        report(name, guards_intact=guards_intact(), finite=finite)
+        intact = guards_intact()
+        # the split-KV decode kernel's varlen route, with the same cu_seqlens: packed keys limited by
+        # seqused_k, and paged keys (two 16-slot pages per sequence)
+        guards.clear()
+        batch = len(cu_list) - 1
+        with torch.no_grad():
+            used = torch.full((batch,), min(3, max_len), dtype=torch.int32, device=device)
+            fa_amd.flash_attn_varlen_func(q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_len, max_len,
+                                          seqused_k=used, causal=i % 2 == 0)
+            pages_k = guarded_input(torch.randn(2 * batch, 16, 1, 16, device=device)).detach()
+            pages_v = guarded_input(torch.randn(2 * batch, 16, 1, 16, device=device)).detach()
+            table = torch.arange(2 * batch, dtype=torch.int32, device=device).view(batch, 2)
+            fa_amd.flash_attn_varlen_func(q.detach(), pages_k, pages_v, cu_q, cu_k, max_len, min(max_len, 32),
+                                          block_table=table, causal=i % 2 == 1)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        report(name, guards_intact=intact, finite=finite, decode_guards_intact=guards_intact())
 
 
 def test_crash_cases_in_a_subprocess():
@@ -155,7 +181,8 @@ def test_crash_cases_in_a_subprocess():
     crash, no write outside an output (guards intact), no read outside an input (rows of the clamped
     segments finite); a strided cu_seqlens view is right; a change through numpy is re-checked.
     One subprocess for all of them (a crash there fails this test, not the suite)."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               FA_AMD_CHECK_VARLEN="0")
     proc = subprocess.run([sys.executable, "-m", "tests.test_hostile_inputs"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     results = {}
@@ -165,12 +192,21 @@ def test_crash_cases_in_a_subprocess():
             results[row.pop("case")] = row
     assert proc.returncode == 0, f"the worker died with exit code {proc.returncode} (a crash) after " \
                                  f"{list(results)}: {proc.stderr[-3000:]}"
+    assert results["environment"]["check_varlen_at_import"] is False, "FA_AMD_CHECK_VARLEN=0 was not honoured"
     assert results["strided_view"]["err"] < 1e-5
+    record("right", "strided cu_seqlens view", isolated=True)
     assert results["numpy_inplace_change"]["error"] and "cu_seqlens_q" in results["numpy_inplace_change"]["error"]
+    record("error", "cu_seqlens changed through numpy after a call", isolated=True)
     unsafe = [name for name in UNCHECKED_CU if not results[name]["guards_intact"]]
     assert not unsafe, f"a kernel wrote outside its output tensor for cu_seqlens {unsafe}"
     bad_reads = [name for name in UNCHECKED_CU if not results[name]["finite"]]
     assert not bad_reads, f"a kernel read outside its inputs (NaN guard) or left a row unwritten: {bad_reads}"
+    unsafe = [name for name in UNCHECKED_CU if not results[name]["decode_guards_intact"]]
+    assert not unsafe, f"the decode kernel wrote outside its output tensor for cu_seqlens {unsafe}"
+    for name in UNCHECKED_CU:
+        record("safe", f"FA_AMD_CHECK_VARLEN=0, cu_seqlens {name}: varlen fwd+bwd", isolated=True)
+        record("safe", f"FA_AMD_CHECK_VARLEN=0, cu_seqlens {name}: seqused_k route", isolated=True)
+        record("safe", f"FA_AMD_CHECK_VARLEN=0, cu_seqlens {name}: block_table route", isolated=True)
 
 
 # --------------------------------------------------------------------------- point 2: tokens past cu_seqlens[-1]
@@ -193,6 +229,7 @@ def test_tokens_past_the_last_segment(device, monkeypatch, dq_mode):
     assert (out[8:] == 0).all()
     _, lse, _ = fn(q, k, v)
     assert torch.isinf(lse[:, 8:]).all() and (lse[:, 8:] > 0).all()
+    record("right", f"tokens past cu_seqlens[-1] ({dq_mode} dQ): out 0, lse +inf, gradients 0")
 
 
 def test_no_token_in_any_sequence(device):
@@ -204,6 +241,52 @@ def test_no_token_in_any_sequence(device):
         assert (out == 0).all() and torch.isinf(lse).all()
         (dq,) = torch.autograd.grad(out, q, torch.randn_like(out))
         assert (dq == 0).all()
+        record("right", f"cu_seqlens {cu} with tokens in the buffer")
+
+
+
+def _decode_route_case(route, device):
+    """flash_attn_varlen_func through the split-KV decode kernel (seqused_k, or paged keys)."""
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(11, 2, 16, device=device) for _ in range(3))
+    if route == "seqused_k":
+        return q, k, v, dict(seqused_k=torch.tensor([3, 5], dtype=torch.int32, device=device))
+    pages_k, pages_v = (torch.zeros(4, 16, 2, 16, device=device) for _ in range(2))
+    pages_k[0, :3], pages_v[0, :3], pages_k[2, :5], pages_v[2, :5] = k[:3], v[:3], k[3:8], v[3:8]
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    return q, pages_k, pages_v, dict(block_table=table)
+
+
+@pytest.mark.parametrize("route", ["seqused_k", "block_table"])
+def test_decode_route_reads_strided_cu_seqlens(device, route):
+    """The issue's strided cu_seqlens view, on the varlen routes that run the decode kernel."""
+    q, k, v, kw = _decode_route_case(route, device)
+    cu = torch.tensor([0, 99, 3, 99, 8], dtype=torch.int32, device=device)[::2]
+    out = fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, **kw)
+    dense = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    ref, _ = attention_varlen_ref(q[:8], *_dense_keys(q, k, v, route), dense, dense)
+    assert (out[:8].double() - ref).abs().max() < 1e-5
+    record("right", f"strided cu_seqlens view, {route} route")
+
+
+@pytest.mark.parametrize("route", ["seqused_k", "block_table"])
+def test_decode_route_tokens_past_the_last_segment(device, route):
+    """Point 2 on the decode kernel's varlen route: the 3 tokens past cu_seqlens_q[-1] get output 0
+    (POISON_OUTPUTS makes an unwritten row NaN)."""
+    q, k, v, kw = _decode_route_case(route, device)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    out = fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, **kw)
+    ref, _ = attention_varlen_ref(q[:8], *_dense_keys(q, k, v, route), cu, cu)
+    assert (out[:8].double() - ref).abs().max() < 1e-5
+    assert (out[8:] == 0).all()
+    record("right", f"tokens past cu_seqlens[-1], {route} route")
+
+
+def _dense_keys(q, k, v, route):
+    """The first 8 keys/values as packed rows (the paged case stores them in pages 0 and 2)."""
+    if route == "seqused_k":
+        return k[:8], v[:8]
+    return torch.cat([k[0, :3], k[2, :5]]), torch.cat([v[0, :3], v[2, :5]])
 
 
 # --------------------------------------------------------------------------- point 3: numerics
@@ -226,6 +309,21 @@ def test_extreme_scales_are_right(device, scale, softcap):
     ref, _ = attention_ref(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
     assert torch.isfinite(out).all()
     assert (out.double() - ref).abs().max() < 1e-5
+    record("right", f"softmax_scale={scale}, softcap={softcap}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_softmax_scale_whose_scores_overflow_is_right_or_refused(device):
+    q, k, v = (randn(1, 13, 2, 16, dtype=torch.float32, device=device, requires_grad=False) for _ in range(3))
+    try:
+        out = fa_amd.flash_attn_func(q, k, v, softmax_scale=1e38, causal=True)
+    except ValueError as exc:
+        assert "softmax_scale" in str(exc)
+        record("error", "softmax_scale = 1e38")
+        return
+    ref, _ = attention_ref(q, k, v, softmax_scale=1e38, causal=True)
+    assert (out.double() - ref).abs().max() < 1e-5
+    record("right", "softmax_scale = 1e38")
 
 
 @pytest.mark.parametrize("softcap,dtype", [(1e4, torch.float32), (1e5, torch.float32), (1e6, torch.float32),
@@ -237,6 +335,7 @@ def test_large_softcap_is_accurate(device, softcap, dtype):
     q, k, v = (randn(1, 21, 2, 32, dtype=dtype, device=device) for _ in range(3))
     compare_dense(functools.partial(fa_amd.flash_attn_func, softcap=softcap, causal=True), q, k, v,
                   softcap=softcap, causal=True)
+    record("right", f"softcap={softcap} {dtype}")
 
 
 def _nan_pattern_case(device, where, row, causal, window, varlen):
@@ -271,6 +370,7 @@ def test_nan_pattern_matches_reference(device, monkeypatch, tiles, where, row, c
     out, ref = _nan_pattern_case(device, where, row, causal, window, varlen)
     assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
     assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
+    record("right", f"NaN in {where}[{row}] (causal={causal}, window={window}, varlen={varlen}, tiles {tiles})")
 
 
 # --------------------------------------------------------------------------- point 4: double backward
@@ -282,18 +382,37 @@ def test_double_backward_raises_on_every_path(device):
     (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
         (out.sum() + g.pow(2).sum()).backward()
+    record("error", "double backward (gradient penalty), eager")
     # the custom op (what torch.compile runs)
     out, _, _ = torch.ops.fa_amd.attention_fwd(q, k, v, None, None, 7, 7, 0.0, 0.25, -1, 0, 0.0, None, None, False,
                                                False)
     (g,) = torch.autograd.grad(out.sum(), k, create_graph=True)
     with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
         g.pow(2).sum().backward()
+    record("error", "double backward through the custom op")
     # varlen, a gradient of dv: as loud
     cu = cu_seqlens([7], device)
     out = fa_amd.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 7, 7)
     (g,) = torch.autograd.grad((out * out).sum(), v, create_graph=True)
-    with pytest.raises(RuntimeError, match="double backward"):
+    with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
         torch.autograd.grad(g.sum(), q)
+    record("error", "double backward, varlen")
+
+
+def test_fp8_double_backward_raises(device):
+    """The quantising FP8 functions (fa_amd.fp8) reuse the once-differentiable backward."""
+    from fa_amd import fp8
+
+    try:
+        fp8.fp8_dtypes(torch.empty(0, device=device))
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    q, k, v = (randn(1, 7, 2, 16, dtype=torch.float32, device=device) for _ in range(3))
+    out = fp8.flash_attn_fp8_func(q, k, v, causal=True)
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="fa_amd attention does not support double backward"):
+        (out.sum() + g.pow(2).sum()).backward()
+    record("error", "double backward, FP8 attention")
 
 
 def test_create_graph_without_second_backward_is_fine(device):
@@ -304,6 +423,7 @@ def test_create_graph_without_second_backward_is_fine(device):
     g_plain = torch.autograd.grad(fa_amd.flash_attn_func(q, k, v).sum(), (q, k, v))
     for a, b in zip(g, g_plain):
         torch.testing.assert_close(a.detach(), b)
+    record("right", "create_graph=True without a second backward")
 
 
 def test_rotary_double_backward_is_right_through_the_custom_op(device):
@@ -330,6 +450,45 @@ def test_rotary_double_backward_is_right_through_the_custom_op(device):
 
     torch.testing.assert_close(penalty(lambda t: _rotary_fwd_op(t, cos, sin, False)), penalty(rotate_ref),
                                atol=1e-5, rtol=1e-5)
+    record("right", "rotary double backward, custom op")
+
+
+def test_rotary_double_backward_is_right_in_eager_mode(device):
+    """flash-attn's rotary layer (fa_amd.flash_apply_rotary_emb, autograd) in eager mode: the issue's
+    gradient penalty through it is computed, and equals plain PyTorch rotary's."""
+    from fa_amd.kernels.rotary import flash_apply_rotary_emb
+
+    torch.manual_seed(6)
+    x = torch.randn(1, 9, 2, 16, device=device, requires_grad=True)
+    angles = torch.randn(9, 8, device=device)
+    w = torch.randn(1, 9, 2, 16, device=device)
+
+    def rotate_ref(t):
+        c, s = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+        t1, t2 = t[..., :8], t[..., 8:]
+        return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], -1)
+
+    def penalty(rot):
+        y = rot(x)
+        (g,) = torch.autograd.grad((y * y * w).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(y.sum() + g.pow(2).sum(), x)
+        return gg
+
+    got = penalty(lambda t: flash_apply_rotary_emb(t, angles.cos(), angles.sin()))
+    torch.testing.assert_close(got, penalty(rotate_ref), atol=1e-5, rtol=1e-5)
+    record("right", "rotary double backward, eager")
+
+
+def test_rotary_tables_that_need_a_gradient_raise(device):
+    """No gradient flows to cos/sin (as in flash-attn): tables that require one are refused, not
+    silently left without a gradient."""
+    from fa_amd.kernels.rotary import apply_rotary_emb, flash_apply_rotary_emb
+
+    x = torch.randn(1, 2, 5, 16, device=device, requires_grad=True)
+    cos = torch.randn(5, 16, device=device, requires_grad=True)
+    _raises(ValueError, "does not propagate gradients to cos/sin", apply_rotary_emb, x, None, cos, cos.detach())
+    _raises(ValueError, "does not propagate gradients to cos/sin", flash_apply_rotary_emb, x.transpose(1, 2),
+            cos[:, :8], cos[:, :8].detach())
 
 
 # --------------------------------------------------------------------------- point 5: Transformers glue
@@ -369,7 +528,15 @@ def test_hf_attention_function_checks_masks_itself(device):
     q, k, v = (torch.randn(3, h, 8, 16, device=device) for h in (2, 1, 1))
     _raises(ValueError, r"attention_mask has shape \(3, 6\)", fa_amd_attention_forward, Module(), q, k, v,
             torch.ones(3, 6, device=device))
-    _raises(ValueError, "batch size 3", fa_amd_attention_forward, Module(), q, k, v, torch.ones(2, 8, device=device))
+    _raises(ValueError, "attention_mask has shape .* batch size 3", fa_amd_attention_forward, Module(), q, k, v,
+            torch.ones(2, 8, device=device))
+    _raises(ValueError, r"attention_mask covers 9 keys but only 8 were given", fa_amd_attention_forward, Module(),
+            q, k, v, torch.ones(3, 9, device=device))
+    _raises(ValueError, r"attention_mask must be a 2D \(batch, key length\) padding mask", fa_amd_attention_forward,
+            Module(), q, k, v, torch.ones(3, 1, 8, 8, device=device))
+    # decode (more keys than queries, no gradient): the split-KV kernel's route checks the batch too
+    _raises(ValueError, "attention_mask batch 2 does not match the query batch 3", fa_amd_attention_forward,
+            Module(), q[:, :, :1], k, v, torch.ones(2, 8, device=device))
 
 
 def test_hf_packed_boundaries_name_the_users_arguments(device):
@@ -406,13 +573,17 @@ def test_hf_packed_boundaries_short_of_the_tokens_give_zero_rows(device):
     class Module(torch.nn.Module):
         is_causal = True
 
-    q, k, v = (torch.randn(1, h, 10, 16, device=device) for h in (2, 1, 1))
+    q, k, v = (torch.randn(1, h, 10, 16, device=device, requires_grad=True) for h in (2, 1, 1))
     cu = torch.tensor([0, 3, 7], device=device)
     out, _ = fa_amd_attention_forward(Module(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4,
                                       max_length_k=4)
     ref, _ = attention_varlen_ref(*(x[0].transpose(0, 1) for x in (q, k, v)), cu.int(), cu.int(), causal=True)
     assert (out[0, 7:] == 0).all()
     assert (out[0].double() - ref).abs().max() < 1e-5
+    # and they take no part in training: zero gradients for those queries, keys and values
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert all((g[:, :, 7:] == 0).all() for g in (dq, dk, dv))
+    record("right", "HF cu_seq_lens_q/k ending before the tokens")
 
 
 def test_hf_position_ids_that_open_mid_sequence(device):
@@ -430,6 +601,7 @@ def test_hf_position_ids_that_open_mid_sequence(device):
     out, _ = fa_amd_attention_forward(Module(), q, k, v, None, position_ids=pos)
     ref, _ = attention_varlen_ref(*(x[0].transpose(0, 1) for x in (q, k, v)), cu, cu, causal=True)
     assert (out[0].double() - ref).abs().max() < 1e-5
+    record("right", "HF position_ids opening mid-sequence")
 
 
 if __name__ == "__main__":

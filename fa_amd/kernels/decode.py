@@ -31,6 +31,7 @@ before it addresses memory, and an append whose target slot is outside the cache
 or cache row is out of range) is dropped instead of written.
 """
 import functools
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -552,6 +553,61 @@ def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens
     return rotary_forward(q, cos_full, sin_full, interleaved)
 
 
+class _DecodePlan(NamedTuple):
+    """Everything a decode launch computes from shapes, strides, dtypes and scalars (not from tensor
+    data): memoized per call structure (_PLANS), so a steady decode loop only allocates and launches."""
+    out_shape: tuple
+    out_dtype: torch.dtype
+    lse_shape: tuple
+    part_shapes: Optional[tuple]  # (out_part, lse_part) shapes when the keys are split
+    grid: tuple
+    ints: tuple  # the decode kernel's arguments after its tensors
+    kwargs: dict  # its constexprs, tiles and launch options (the fitted config)
+    merge_grid: tuple
+    merge_ints: tuple
+    merge_kwargs: dict
+
+
+# call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
+_PLANS = {}
+_MAX_PLANS = 256
+
+
+def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlens_q, cache_seqlens, cu_seqlens_k,
+                    seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
+                    alibi_slopes):
+    """The decode kernel's tensor arguments in order (q stands in for the absent ones)."""
+    def given(t):
+        return q if t is None else t
+
+    return (q, k_cache, v_cache, out, lse, out_part, lse_part, given(cu_seqlens_q), given(cache_seqlens),
+            given(cu_seqlens_k), given(seqused_k), given(cache_leftpad), given(cache_batch_idx), given(block_table),
+            given(key_mask), given(rotary_cos), given(rotary_sin), given(alibi_slopes))
+
+
+def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
+              sinks, descale):
+    out = new_output(q, plan.out_shape, plan.out_dtype)
+    lse = new_output(q, plan.lse_shape, torch.float32)
+    if plan.part_shapes is not None:
+        out_part = torch.empty(plan.part_shapes[0], dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(plan.part_shapes[1], dtype=torch.float32, device=q.device)
+    else:
+        out_part = lse_part = lse
+    tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, None, cache_seqlens, None, None,
+                              cache_leftpad, cache_batch_idx, block_table, None, None, None, None)
+    extra = {}
+    if sinks is not None:
+        extra["Sinks"] = sinks
+    if descale is not None:
+        extra["Descale"] = descale
+    decode_kernel[plan.grid](*tensors, *plan.ints, **plan.kwargs, **extra)
+    if plan.part_shapes is not None:
+        split_merge_kernel[plan.merge_grid](out, lse, out_part, lse_part, *plan.merge_ints, **plan.merge_kwargs,
+                                            **({"Sinks": sinks} if sinks is not None else {}))
+    return out, lse
+
+
 def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
@@ -569,7 +625,23 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     learnable sink logits.  lse: (batch, hq, seqlen_q) fp32, (hq, total_q) for varlen q.
     FP8 caches (q FP8 of their type, or high precision) come with `descale`, fp32 (batch, hk, 3)
     contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
+
+    Decode is host-bound at small batches: the common call (dense or paged cache; no rotary, ALiBi,
+    key mask or varlen) reuses a memoized _DecodePlan and only allocates and launches.
     """
+    plan_key = None
+    if (rotary_cos is None and alibi_slopes is None and key_mask is None and cu_seqlens_q is None
+            and cu_seqlens_k is None and seqused_k is None):
+        plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
+                    v_cache.stride(), k_cache.dtype,
+                    None if block_table is None else (block_table.shape, block_table.stride()),
+                    cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
+                    cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
+                    window_right, softcap, num_splits)
+        plan = _PLANS.get(plan_key)
+        if plan is not None:
+            return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
+                             sinks, descale)
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
         total_q, hq, d = q.shape
@@ -633,15 +705,11 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     o_strides = (0, out.stride(0), out.stride(1)) if q_varlen else out.stride()[:3]
     l_strides = (0, lse.stride(0)) if q_varlen else (lse.stride(0), lse.stride(1))
     q_strides = (0, q.stride(0), q.stride(1)) if q_varlen else q.stride()[:3]
-    dummy = q
-    args = (
-        q, k_cache, v_cache, out, lse, out_part, lse_part,
-        cu_seqlens_q if q_varlen else dummy, cache_seqlens if cache_seqlens is not None else dummy,
-        cu_seqlens_k if cu_seqlens_k is not None else dummy, seqused_k if seqused_k is not None else dummy,
-        cache_leftpad if cache_leftpad is not None else dummy,
-        cache_batch_idx if cache_batch_idx is not None else dummy, block_table if paged else dummy,
-        key_mask if key_mask is not None else dummy,
-        rotary_cos if rotary else dummy, rotary_sin if rotary else dummy, scalars["Alibi"],
+    tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlens_q if q_varlen else None,
+                              cache_seqlens, cu_seqlens_k, seqused_k, cache_leftpad, cache_batch_idx,
+                              block_table if paged else None, key_mask, rotary_cos if rotary else None,
+                              rotary_sin if rotary else None, alibi_slopes)
+    ints = (
         seqlen_q, cache_seqlens_int or 0, seqlen_new, capacity, k_cache.shape[0], page_size, splits, total_q, hq,
         *q_strides, *kv_strides, *o_strides, *l_strides,
         block_table.stride(0) if paged else 0, key_mask.stride(0) if key_mask is not None else 0,
@@ -658,12 +726,31 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
     kwargs.update(sink_kwargs, **_fp8_kwargs(k_cache, descale))
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
-    launch(decode_kernel, cfg, lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"]), (splits, batch), args, kwargs)
+    grid0 = lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"])  # noqa: E731
+    fitted = launch(decode_kernel, cfg, grid0, (splits, batch), tensors + ints, kwargs)
+    merge_grid, merge_ints, merge_kwargs = (), (), {}
     if split:
         merge = get_decode_config(arch, d_pad, q.dtype == torch.float32)["merge"]
         n_rows = total_q * hq
-        split_merge_kernel[(cdiv(n_rows, merge["BLOCK_M"]),)](
-            out, lse, out_part, lse_part, n_rows, hq, total_q if q_varlen else seqlen_q, splits,
-            *o_strides, *l_strides, HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"], **sink_kwargs,
-            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
+        merge_grid = (cdiv(n_rows, merge["BLOCK_M"]),)
+        merge_ints = (n_rows, hq, total_q if q_varlen else seqlen_q, splits, *o_strides, *l_strides)
+        merge_kwargs = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
+                            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
+        split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs, **sink_kwargs)
+    if q_varlen:
+        # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse -inf, as the
+        # prefill kernels give them; no kernel row writes them, so they are set here (on the device, no sync)
+        tail = torch.arange(total_q, device=q.device) >= cu_seqlens_q[-1]
+        out.masked_fill_(tail[:, None, None], 0.0)
+        lse.masked_fill_(tail[None, :], float("-inf"))
+    if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale")}
+        launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],
+                             **{k_: v_ for k_, v_ in fitted.items() if k_ not in ("BLOCK_M", "BLOCK_N")})
+        _PLANS[plan_key] = _DecodePlan(
+            tuple(out.shape), out.dtype, tuple(lse.shape),
+            (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs)
     return out, lse

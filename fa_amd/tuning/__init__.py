@@ -48,8 +48,10 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     installed triton (tables.TRITON_OVERRIDES; `triton_version` overrides the installed one), then
     its "causal" override for causal (or right-windowed) attention, its "short" override for
     launches with at most tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32
-    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile), and the default of every kernel switch (tables.KERNEL_SWITCHES) it does not set -- of
-    the switches the table kernel `kernel` takes (tables.SWITCH_KERNELS) when it is given."""
+    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile; it may hold "causal"
+    and "short" dicts of its own, applied after it in those cases), and the default of every kernel
+    switch (tables.KERNEL_SWITCHES) it does not set -- of the switches the table kernel `kernel`
+    takes (tables.SWITCH_KERNELS) when it is given."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
     version = triton_version or TRITON_VERSION
     for name in tables.TRITON_OVERRIDES:
@@ -57,7 +59,12 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
             cfg.update(entry[name])
     for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8)):
         if wanted and entry.get(name):
-            cfg.update(entry[name])
+            override = entry[name]
+            cfg.update({k: v for k, v in override.items() if k not in OVERRIDES})
+            if name == "fp8":  # fp8 tiles may differ per case: the "fp8" dict's own "causal" / "short"
+                for case, on in (("causal", causal), ("short", short)):
+                    if on and override.get(case):
+                        cfg.update(override[case])
     switches = switches_of(kernel)
     foreign = sorted(k for k in cfg if k in KERNEL_SWITCHES and k not in switches)
     if foreign:
@@ -270,3 +277,9 @@ def fp8_v_token_major(arch: Arch) -> bool:
     """Whether FP8 V goes to the forward kernel token-major per head (tables.FP8_V_TOKEN_MAJOR, by arch
     name, then family)."""
     return arch.name in tables.FP8_V_TOKEN_MAJOR or family_of(arch) in tables.FP8_V_TOKEN_MAJOR
+
+
+def fp8_quantize_config(arch: Arch) -> Dict:
+    """Launch settings of the FP8 quantisation kernels (tables.FP8_QUANTIZE: by arch name, then
+    family, then "default")."""
+    return _by_arch(tables.FP8_QUANTIZE, arch, tables.FP8_QUANTIZE["default"])

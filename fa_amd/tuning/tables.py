@@ -15,7 +15,8 @@ attention, where rows see fewer keys and smaller tiles waste less on the
 diagonal), "short" (at most SHORT_SEQLEN_K keys per row: short loops, where
 per-program set-up and the last wave's tail weigh more) and "fp32" (fp32
 inputs: twice the shared memory per tile) and "fp8" (fp8 inputs, fwd only: half the
-shared memory per tile), applied in that order (fa_amd.tuning.resolve_entry).
+shared memory per tile; it may hold its own "causal" / "short" dicts, applied after it in those
+cases), applied in that order (fa_amd.tuning.resolve_entry).
 
 Numbers for sm90 were measured on an H100 (docs/PERFORMANCE.md, docs/TUNING_NOTES.md);
 AMD rows are starting points chosen to compile with zero scratch for their
@@ -450,3 +451,12 @@ FP8_MIN_TRITON = {"gfx950": (3, 6)}
 #   gfx950 no byte LDS traffic in either layout (150 vs 146 VGPRs at d64): left head-dim-major, so
 #          FA3-style inputs there pay no copy.  (sm120 follows sm89: the same mma.sync path.)
 FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")
+# The FP8 quantisation kernels of the quantising functions (fa_amd/kernels/quantize.py), by arch name,
+# then family, then "default": BLOCK_ELEMENTS elements (tokens x padded head dim) per block, at most
+# MAX_SPLITS programs per (sequence, head) (each walks every MAX_SPLITS-th block), num_warps.  Both
+# passes are memory-bound: 8192-element blocks (16 KB of bf16) keep enough bytes in flight per SM.
+# "cpu": tiny blocks and two splits, so the interpreter tests walk several blocks per program.
+FP8_QUANTIZE = {
+    "default": {"BLOCK_ELEMENTS": 8192, "MAX_SPLITS": 64, "num_warps": 4},
+    "cpu": {"BLOCK_ELEMENTS": 128, "MAX_SPLITS": 2, "num_warps": 4},
+}

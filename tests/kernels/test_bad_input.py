@@ -1,10 +1,12 @@
 """Bad input gets a clear ValueError/TypeError naming the argument, never a
-Triton compile error or a silently wrong result."""
+Triton compile error or a silently wrong result (issue 16; every checked input is tallied
+for .ci/reliability_counts.py, see tests/reliability_log.py)."""
 import pytest
 import torch
 
 import fa_amd
 
+from ..reliability_log import record
 from .helpers import cu_seqlens
 
 
@@ -16,6 +18,7 @@ def _qkv(device, dtype=torch.float16, b=1, s=8, h=2, hk=2, d=32):
 def _raises(exc, match, fn, *args, **kwargs):
     with pytest.raises(exc, match=match):
         fn(*args, **kwargs)
+    record("error", match)
 
 
 def test_dtype_mismatch(device):
@@ -178,6 +181,7 @@ def test_config_too_big_for_gpu_shrinks_with_warning(monkeypatch):
     launches.clear()
     launch.launch(kernel, cfg, launch.grid_blocks(100, "BLOCK_M"), (2, 1), args, {"HEAD_DIM": 64})
     assert len(launches) == 1, "the fitted config is remembered"
+    record("right", "a launch config too big for the GPU (shrunk, with a warning)")
 
 
 def test_cu_seqlens_checked_again_after_inplace_change(device):

@@ -478,3 +478,41 @@ def test_no_host_sync_on_the_decode_path():
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_repeated_calls_reuse_checks_and_plans_but_still_check(device):
+    """A decode loop repeats one call structure: the second call takes the memoized host checks and
+    launch plan (decode is host-bound) and gives the same result; a call that differs in anything the
+    checks look at (requires_grad, a bool flag, the int cache_seqlens) is checked again."""
+    import fa_amd.kvcache as kvcache
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(7)
+    q = torch.randn(3, 1, 6, 40, device=device, dtype=torch.float16)
+    k_cache = torch.randn(3, 75, 2, 40, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([75, 1, 33], dtype=torch.int32, device=device)
+    kvcache._CHECKED_PLAIN_CALLS.clear()
+    dec._PLANS.clear()
+    first = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
+    assert len(kvcache._CHECKED_PLAIN_CALLS) == 1 and len(dec._PLANS) == 1
+    again = fa_amd.flash_attn_with_kvcache(q.clone(), k_cache, v_cache, cache_seqlens=lens, causal=True)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    kvcache._CHECKED_PLAIN_CALLS.clear()
+    dec._PLANS.clear()  # the full path again (its results are checked against float64 by the grid tests)
+    fresh = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
+    torch.testing.assert_close(fresh, first, rtol=0, atol=0)
+    paged = fa_amd.flash_attn_with_kvcache(q, k_cache.reshape(-1, 25, 2, 40)[:, :16].contiguous(),
+                                           v_cache.reshape(-1, 25, 2, 40)[:, :16].contiguous(),
+                                           cache_seqlens=torch.tensor([16, 1, 9], dtype=torch.int32, device=device),
+                                           block_table=torch.arange(3, dtype=torch.int32, device=device)[:, None] * 3)
+    assert paged.shape == q.shape and len(dec._PLANS) == 2
+    with pytest.raises(ValueError, match="requires grad"):
+        fa_amd.flash_attn_with_kvcache(q.clone().requires_grad_(), k_cache, v_cache, cache_seqlens=lens)
+    with pytest.raises(TypeError, match="causal"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=1)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=76)
+    if device == "cpu":  # device values are checked where that costs no sync, memo or not
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens + 1, causal=True)

@@ -1,0 +1,172 @@
+"""FP8 quantisation of q, k, v for the quantising FP8 functions (fa_amd.fp8.quantize_fp8), in two
+passes over x: `fp8_amax_kernel` writes partial maxima of |x| per (sequence, head), `fp8_cast_kernel`
+reduces them to the head's scale and writes x8 = fp8(clamp(fp32(x) * scale)) in the layout the
+forward reads (V token-major per head where tables.FP8_V_TOKEN_MAJOR says so), and the descale.
+Why kernels: the same rule as a chain of torch ops (abs, amax, float, multiply, clamp, cast, and a
+transposing copy for V) read and wrote each tensor about seven times, which cost more than the FP8
+attention itself on the H100; here x is read twice and x8 written once.
+
+Rule (as fa_amd.reference.fp8_quantize_ref): amax = max |x| over the head's tokens and features,
+scale = fp8_max / amax as torch evaluates it for a tensor amax (fp8_max * fp32(1 / amax)), descale =
+amax / fp8_max rounded to nearest (both 1 where amax is 0 or NaN: an all-zero or empty head); a NaN
+in x propagates into amax (as torch.amax) and into x8.  Varlen: the tokens past cu_seqlens[-1] (static buffers) belong to no sequence and are cast with
+scale 1, by one extra program row.
+
+Work split: grid (splits, heads, sequences); each program walks its sequence's token blocks
+split, split + splits, ...  (tables.FP8_QUANTIZE: block size, split count, warps).  The amax pass
+writes one partial per program, so it needs no zeroed buffer and no atomics, and the result does
+not depend on timing.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import arch_for
+from ..tuning import fp8_quantize_config
+from .launch import new_output, next_power_of_2
+
+
+@triton.jit
+def _max_nan(a, b):
+    """max(a, b), NaN if either is NaN (torch.amax's rule)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _segment(cu_seqlens, b, seqlen, total, IS_VARLEN: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """(first token, tokens) of program row b: dense rows are whole sequences of seqlen tokens;
+    varlen segments are clamped into the total tokens (no cu_seqlens content moves an access
+    outside x), and with HAS_TAIL the last row is the tail past cu_seqlens[-1]."""
+    if IS_VARLEN:
+        start = tl.minimum(tl.maximum(tl.load(cu_seqlens + b), 0), total)
+        if HAS_TAIL:
+            end = tl.load(cu_seqlens + b + 1, mask=b < tl.num_programs(2) - 1, other=total)
+        else:
+            end = tl.load(cu_seqlens + b + 1)
+        end = tl.minimum(tl.maximum(end, start), total)
+        length = end - start
+    else:
+        start = b * 0
+        length = b * 0 + seqlen
+    return start, length
+
+
+@triton.jit
+def fp8_amax_kernel(X, Partial, cu_seqlens, seqlen, total, stride_xb, stride_xt, stride_xh,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Partial[b, h, split] = max |x| over this program's token blocks of sequence b, head h (0 if
+    it has none)."""
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    splits = tl.num_programs(0)
+    start, length = _segment(cu_seqlens, b, seqlen, total, IS_VARLEN, False)
+    base = X + b.to(tl.int64) * stride_xb + start.to(tl.int64) * stride_xt + h.to(tl.int64) * stride_xh
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, D_PAD)
+    amax = tl.zeros([BLOCK_T, D_PAD], dtype=tl.float32)
+    for t0 in range(split * BLOCK_T, length, splits * BLOCK_T):
+        rows = t0 + offs_t
+        x = tl.load(base + rows.to(tl.int64)[:, None] * stride_xt + offs_d[None, :],
+                    mask=(rows[:, None] < length) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        amax = _max_nan(tl.abs(x.to(tl.float32)), amax)
+    amax = tl.reduce(tl.reduce(amax, 1, _max_nan), 0, _max_nan)
+    tl.store(Partial + (b * tl.num_programs(1) + h) * splits + split, amax)
+
+
+@triton.jit
+def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_xb, stride_xt, stride_xh,
+                    stride_ob, stride_ot, stride_oh, stride_od, n_splits, fp8_max,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                    IS_VARLEN: tl.constexpr, SCALED: tl.constexpr):
+    """Out[b, t, h, :] = fp8(clamp(fp32(X[b, t, h, :]) * scale)) with the scale of (sequence b, head h)
+    from Partial's n_splits maxima; Descale[b, h] = its descale.  Out's strides are free (token-major
+    V: stride_ot == 1).  SCALED=False: a plain (transposing) copy of an FP8 X, no scale."""
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    start, length = _segment(cu_seqlens, b, seqlen, total, IS_VARLEN, IS_VARLEN)
+    scale = 1.0
+    if SCALED:
+        n_seqs = tl.num_programs(2)
+        if IS_VARLEN:  # the last program row is the tail
+            n_seqs -= 1
+        offs_s = tl.arange(0, SPLITS_PAD)
+        # (no partials for the tail row; a scalar condition in the mask itself trips the interpreter)
+        parts = tl.load(Partial + (b * tl.num_programs(1) + h) * n_splits + offs_s,
+                        mask=offs_s < tl.where(b < n_seqs, n_splits, 0), other=0.0)
+        amax = tl.reduce(parts, 0, _max_nan)
+        nonzero = amax > 0.0  # False for NaN: scale 1, as the reference
+        safe = tl.where(nonzero, amax, 1.0)  # (no division by 0 or NaN, even in a discarded branch)
+        # fp8_max * (1 / amax), each rounded to nearest: torch's `fp8_max / amax` for a tensor amax
+        # (reciprocal, then multiply), so x8 matches the reference bit for bit on any device
+        scale = tl.where(nonzero, tl.math.div_rn(1.0, safe) * fp8_max, 1.0)
+        if (split == 0) & (b < n_seqs):
+            tl.store(Descale + b * tl.num_programs(1) + h, tl.where(nonzero, tl.math.div_rn(safe, fp8_max), 1.0))
+    x_base = X + b.to(tl.int64) * stride_xb + start.to(tl.int64) * stride_xt + h.to(tl.int64) * stride_xh
+    o_base = Out + b.to(tl.int64) * stride_ob + start.to(tl.int64) * stride_ot + h.to(tl.int64) * stride_oh
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, D_PAD)
+    for t0 in range(split * BLOCK_T, length, tl.num_programs(0) * BLOCK_T):
+        rows = (t0 + offs_t).to(tl.int64)
+        ok = (rows[:, None] < length) & (offs_d[None, :] < HEAD_DIM)
+        x = tl.load(x_base + rows[:, None] * stride_xt + offs_d[None, :], mask=ok, other=0.0)
+        if SCALED:
+            y = x.to(tl.float32) * scale
+            y = tl.minimum(tl.maximum(y, -fp8_max, propagate_nan=tl.PropagateNan.ALL), fp8_max,
+                           propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
+            x = y.to(Out.dtype.element_ty)
+        tl.store(o_base + rows[:, None] * stride_ot + offs_d[None, :] * stride_od, x, mask=ok)
+
+
+def _grid_split(cfg, d_pad: int, longest: int):
+    """(tokens per block, programs per (sequence, head)) for sequences of at most `longest` tokens."""
+    block_t = max(1, min(next_power_of_2(max(longest, 1)), cfg["BLOCK_ELEMENTS"] // d_pad))
+    return block_t, max(1, min(cfg["MAX_SPLITS"], -(-longest // block_t)))
+
+
+def _strides(x: torch.Tensor, varlen: bool):
+    """(batch, token, head) strides; varlen tensors have no batch axis."""
+    s = x.stride()
+    return (0, s[0], s[1]) if varlen else s[:3]
+
+
+def quantize_into(x: torch.Tensor, out: torch.Tensor, fp8_max: float, cu_seqlens=None, max_seqlen=None,
+                  scaled: bool = True) -> torch.Tensor:
+    """Writes x (batch, seqlen, nheads, d) -- or (total, nheads, d) with cu_seqlens -- quantised per
+    (sequence, head) into `out` (same shape, an FP8 type, any strides, e.g. token-major); returns the
+    descale, fp32 (batch, nheads).  x's last dim must be contiguous.  scaled=False: `out` = x (an FP8
+    tensor of out's type) relaid, no descale (returns None).  max_seqlen (varlen) only sizes the
+    grid; every token of a segment is quantised whatever it says."""
+    varlen = cu_seqlens is not None
+    nheads, d = x.shape[-2], x.shape[-1]
+    batch = cu_seqlens.numel() - 1 if varlen else x.shape[0]
+    total = x.shape[0]
+    seqlen = 0 if varlen else x.shape[1]
+    longest = (max_seqlen if max_seqlen is not None else total) if varlen else seqlen
+    descale = new_output(x, (batch, nheads), torch.float32) if scaled else None
+    if x.numel() == 0 and not varlen:
+        return descale.fill_(1.0) if scaled else None
+    cfg = fp8_quantize_config(arch_for(x))
+    d_pad = next_power_of_2(d)
+    block_t, splits = _grid_split(cfg, d_pad, longest)
+    cu = cu_seqlens if varlen else x
+    options = dict(num_warps=cfg["num_warps"])
+    if scaled:
+        if batch > 0 and nheads > 0:
+            partial = x.new_empty((batch, nheads, splits), dtype=torch.float32)
+            fp8_amax_kernel[(splits, nheads, batch)](
+                x, partial, cu, seqlen, total, *_strides(x, varlen),
+                HEAD_DIM=d, D_PAD=d_pad, BLOCK_T=block_t, IS_VARLEN=varlen, **options)
+        else:
+            partial = descale
+    else:
+        partial = x  # unused
+    rows = batch + varlen  # varlen: one more program row casts the tail past cu_seqlens[-1]
+    if rows > 0 and nheads > 0:
+        fp8_cast_kernel[(splits, nheads, rows)](
+            x, out, partial, descale if scaled else x, cu, seqlen, total, *_strides(x, varlen),
+            *_strides(out, varlen), out.stride(-1), splits, float(fp8_max),
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_T=block_t, SPLITS_PAD=next_power_of_2(splits), IS_VARLEN=varlen,
+            SCALED=scaled, **options)
+    return descale
