@@ -59,6 +59,7 @@ def run_version(version: str, args) -> Path:
     cmd += ["--kernels", *args.kernels] if args.kernels else []
     cmd += ["--dtypes", *args.dtypes] if args.dtypes else []
     cmd += ["--variants", *args.variants] if args.variants else []
+    cmd += ["--head-dims", *map(str, args.head_dims)] if args.head_dims else []
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TRITON_INTERPRET", None)
     start = time.perf_counter()
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ci", action="store_true", help="the CI subset (heaviest variant per kernel), not --full")
     parser.add_argument("--dtypes", nargs="+", help="with the full sweep: only these dtypes (default: all)")
     parser.add_argument("--variants", nargs="+", help="with the full sweep: only these feature variants (default: all)")
+    parser.add_argument("--head-dims", nargs="+", type=int, help="with the full sweep: only these head dims")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "fa_amd_aot_matrix"),
                         help="folder for the per-version JSON files")

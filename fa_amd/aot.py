@@ -316,10 +316,10 @@ def _d_pad(head_dim: int) -> int:
     return head_dim_padded(head_dim)
 
 
-def full_jobs(targets, kernels, dtypes=None, variants=tuple(VARIANTS)) -> List[CompileJob]:
+def full_jobs(targets, kernels, dtypes=None, variants=tuple(VARIANTS), head_dims=HEAD_DIMS) -> List[CompileJob]:
     """Every head dim x dtype (default: sweep_dtypes) x variant the launchers run, per target and kernel."""
     return [CompileJob(t, k, d, dt, v)
-            for t in targets for k in kernels for d in HEAD_DIMS for dt in (dtypes or sweep_dtypes(k))
+            for t in targets for k in kernels for d in head_dims for dt in (dtypes or sweep_dtypes(k))
             for v in (variants if k != "preprocess" else ("plain",))
             if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v), v)]
 
@@ -765,6 +765,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                              f"{' '.join(DECODE_KERNELS)})")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="with --full: feature variants")
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=list(HEAD_DIMS),
+                        help="with --full: head dims")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
                              "fail, scratch is reported: the tuner times candidates and keeps the fastest)")
@@ -807,7 +809,8 @@ def run_cli(args) -> int:
     if args.tune_candidates:
         jobs = [j for j in tune_candidate_jobs(usable) if j.kernel in kernels]
     else:
-        jobs = full_jobs(usable, kernels, args.dtypes, args.variants) if args.full else ci_jobs(usable, kernels)
+        jobs = (full_jobs(usable, kernels, args.dtypes, args.variants, args.head_dims) if args.full
+                else ci_jobs(usable, kernels))
     # slowest first (large tiles, RDNA) so the parallel tail is short
     jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary", "merge", "append", "append_fp8"),
                              j.target != "gfx1100", -j.head_dim))
