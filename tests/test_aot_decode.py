@@ -180,3 +180,11 @@ def test_known_decode_spill_covers_its_dtype_only():
     assert not aot.known_scratch(res("gfx942", "d256-fp32-all", 8, triton="3.2.0"))
     assert aot.stale_known_scratch([fp32, res("gfx1100", "d256-fp32-plain", 0)]) == []
     assert aot.stale_known_scratch([res("gfx1100", "d256-fp32-plain", 0)]) == ["gfx1100 decode d256 fp32"]
+
+
+def test_full_sweep_head_dims_option():
+    """`fa-amd compile --full --head-dims` (and .ci/aot_matrix.py's) narrows the sweep to those head dims."""
+    jobs = aot.full_jobs(["gfx942"], ["decode", "merge", "append"], ["bf16"], head_dims=(64, 256))
+    assert {j.head_dim for j in jobs} == {64, 256}
+    per_dim = sum(len(vs) for vs in aot_launches.DECODE_VARIANTS.values())
+    assert len(jobs) == 2 * per_dim
