@@ -47,6 +47,10 @@ def main():
     print(f"empty launch, 1 arg:          {1e3 * host_ms_per_call(lambda: _nop[(1,)](x), (), 200):7.1f} us")
     print(f"empty launch, 61 args + 10 K: "
           f"{1e3 * host_ms_per_call(lambda: _nop_many[(1, 1, 1)](x, *ints, **consts), (), 200):7.1f} us")
+    compiled = _nop_many[(1, 1, 1)](x, *ints, **consts)  # the CompiledKernel of that launch
+    runner = compiled[(1, 1, 1)]
+    print(f"the same, through the CompiledKernel's runner (no binder / cache key): "
+          f"{1e3 * host_ms_per_call(lambda: runner(x, *ints, *consts.values()), (), 200):7.1f} us")
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for batch, cache in ROWS:
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)

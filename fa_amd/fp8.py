@@ -225,6 +225,13 @@ def quantize_fp8(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor]
     fp32 (batch, nheads).  token_major (dense only): x8 is laid out token-major per head
     (token_major_empty), as the forward reads V on tables.FP8_V_TOKEN_MAJOR families.  Two Triton
     passes over x (kernels/quantize.py); max_seqlen (varlen, optional) only sizes their grid."""
+    if not is_fp8_dtype(fp8_dtype):
+        raise TypeError(f"fp8_dtype must be a torch FP8 dtype, got {fp8_dtype}")
+    # the interpreter converts to every FP8 type; a GPU's compiler only to its own (sm90 cannot build
+    # a cast to gfx942's fnuz type)
+    if x.device.type != "cpu" and fp8_dtype not in fp8_dtypes(x):
+        raise TypeError(f"fp8_dtype {fp8_dtype} is not an FP8 type of {arch_for(x).name}; its FP8 types are "
+                        f"{', '.join(str(d) for d in fp8_dtypes(x))}")
     x = x.detach()
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -238,11 +238,13 @@ def fp8_dequantize_ref(x8, descale, cu_seqlens=None):
     return out
 
 
-def attention_grads_from_stats(q, k, v, out, lse, dout, *, causal=False, window_size=(-1, -1), softmax_scale=None):
+def attention_grads_from_stats(q, k, v, out, lse, dout, *, causal=False, window_size=(-1, -1), softmax_scale=None,
+                               dropout_p=0.0, dropout_mask=None):
     """(dq, dk, dv) of dense attention at q, k, v (b, s, h, d), with the softmax rebuilt from the
     given row statistics as flash backward kernels do: P = exp(S - lse), dS = P * (dO V^T -
     rowsum(dO * out)).  With out and lse of an FP8 forward this is the backward rule of
-    fa_amd.fp8's quantising functions; computed in float64.  (Masks: causal and window only.)"""
+    fa_amd.fp8's quantising functions; computed in float64.  (Masks: causal and window; dropout with
+    dropout_mask (b, h, sq, sk) bool, kept entries scaled by 1 / (1 - dropout_p).)"""
     q, k, v, out, dout = (x.double() for x in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -261,8 +263,9 @@ def attention_grads_from_stats(q, k, v, out, lse, dout, *, causal=False, window_
         keep &= rel >= -left
     lse = lse.double()  # +inf on rows that see no key: P = 0 there
     p = torch.exp(scores - lse[..., None]).masked_fill(~keep, 0.0)
-    dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
-    dp = torch.einsum("bqhd,bkhd->bhqk", dout, ve)
+    drop = 1.0 if dropout_mask is None else dropout_mask.double() / (1.0 - dropout_p)
+    dv = torch.einsum("bhqk,bqhd->bkhd", p * drop, dout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dout, ve) * drop
     delta = (dout * out).sum(-1).transpose(1, 2)  # (b, h, sq)
     ds = p * (dp - delta[..., None])
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, ke) * scale

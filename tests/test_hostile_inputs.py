@@ -373,6 +373,26 @@ def test_nan_pattern_matches_reference(device, monkeypatch, tiles, where, row, c
     record("right", f"NaN in {where}[{row}] (causal={causal}, window={window}, varlen={varlen}, tiles {tiles})")
 
 
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_cpu_nan_flags_equal_the_flag_kernel(varlen):
+    """On CPU tensors the V NaN flags come from one torch pass; they flag exactly the (sequence, KV
+    head, feature) cells the GPU's flag kernel flags (run here through the interpreter), empty and
+    token-major segments included."""
+    torch.manual_seed(5)
+    lens = [9, 0, 37]
+    v = torch.randn(3, 37, 2, 24) if not varlen else torch.randn(sum(lens), 2, 24)
+    for cell in ([0, 3, 1, 5], [2, 36, 0, 23]) if not varlen else ([3, 1, 5], [45, 0, 23], [8, 1, 0]):
+        v[tuple(cell)] = float("nan")
+    cu = cu_seqlens(lens, "cpu")
+    args = (v, cu if varlen else v, varlen, 3, 2, 24, 32, 37)
+    flags = forward._v_nan_flags_torch(v, args[1], varlen, 3, 2, 24, 32)
+    kernel_flags = torch.full_like(flags, -1)
+    forward.v_nan_flags_kernel[(forward.NAN_SPLITS.value, 2, 3)](
+        v, kernel_flags, args[1], 37, v.shape[0], *launch.row_strides(v, varlen),
+        HEAD_DIM=24, D_PAD=32, BLOCK_N=16, IS_VARLEN=varlen)
+    assert torch.equal(flags.amax(2) != 0, kernel_flags.amax(2) != 0) and int((flags != 0).sum()) >= 2
+
 # --------------------------------------------------------------------------- point 4: double backward
 
 def test_double_backward_raises_on_every_path(device):

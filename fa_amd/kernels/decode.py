@@ -36,11 +36,12 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
 from ..tuning import get_decode_config, get_decode_split_policy
 from .blocks import dot_rows_nt, in_loop, key_ranges
-from .launch import cdiv, head_dim_padded, launch, new_output, score_args
+from .launch import CompiledLaunch, cdiv, head_dim_padded, launch, new_output, score_args
 from .rotary import rotary_forward
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, score_log2, sink_init
 
@@ -566,6 +567,7 @@ class _DecodePlan(NamedTuple):
     merge_grid: tuple
     merge_ints: tuple
     merge_kwargs: dict
+    replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
 
 
 # call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
@@ -585,8 +587,23 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
             given(key_mask), given(rotary_cos), given(rotary_sin), given(alibi_slopes))
 
 
+def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, kwargs, extra):
+    """kernel[grid](*tensors, *ints, **kwargs, **extra) through the plan's replayed CompiledLaunch of
+    it when Triton would specialise these tensors as it did the first time, else through the JIT
+    (whose CompiledKernel then becomes the plan's replay)."""
+    call = tensors + tuple(extra.values())
+    replay = plan.replays.get(name)
+    if replay is not None and replay.run(call):
+        return
+    compiled = kernel[grid](*tensors, *ints, **kwargs, **extra)
+    if isinstance(compiled, CompiledKernel):  # (not the interpreter's or an AOT recorder's launch)
+        names = tuple(kernel.arg_names[:len(tensors)]) + tuple(extra)
+        plan.replays[name] = CompiledLaunch(kernel, compiled, grid, tensors + ints, dict(kwargs, **extra), names,
+                                            arch_for(tensors[0]).is_hip)
+
+
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-              sinks, descale):
+              key_mask, sinks, descale):
     out = new_output(q, plan.out_shape, plan.out_dtype)
     lse = new_output(q, plan.lse_shape, torch.float32)
     if plan.part_shapes is not None:
@@ -595,16 +612,16 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
     else:
         out_part = lse_part = lse
     tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, None, cache_seqlens, None, None,
-                              cache_leftpad, cache_batch_idx, block_table, None, None, None, None)
+                              cache_leftpad, cache_batch_idx, block_table, key_mask, None, None, None)
     extra = {}
     if sinks is not None:
         extra["Sinks"] = sinks
     if descale is not None:
         extra["Descale"] = descale
-    decode_kernel[plan.grid](*tensors, *plan.ints, **plan.kwargs, **extra)
+    _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra)
     if plan.part_shapes is not None:
-        split_merge_kernel[plan.merge_grid](out, lse, out_part, lse_part, *plan.merge_ints, **plan.merge_kwargs,
-                                            **({"Sinks": sinks} if sinks is not None else {}))
+        _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
+                         plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {})
     return out, lse
 
 
@@ -626,22 +643,22 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     FP8 caches (q FP8 of their type, or high precision) come with `descale`, fp32 (batch, hk, 3)
     contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
 
-    Decode is host-bound at small batches: the common call (dense or paged cache; no rotary, ALiBi,
-    key mask or varlen) reuses a memoized _DecodePlan and only allocates and launches.
+    Decode is host-bound at small batches: the common call (dense or paged cache, with or without a
+    per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized _DecodePlan and only allocates and launches.
     """
     plan_key = None
-    if (rotary_cos is None and alibi_slopes is None and key_mask is None and cu_seqlens_q is None
-            and cu_seqlens_k is None and seqused_k is None):
+    if rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
         plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
                     v_cache.stride(), k_cache.dtype,
                     None if block_table is None else (block_table.shape, block_table.stride()),
+                    None if key_mask is None else (key_mask.shape, key_mask.stride(), key_mask.dtype),
                     cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
                     cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
                     window_right, softcap, num_splits)
         plan = _PLANS.get(plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-                             sinks, descale)
+                             key_mask, sinks, descale)
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
         total_q, hq, d = q.shape
@@ -735,8 +752,10 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         merge_grid = (cdiv(n_rows, merge["BLOCK_M"]),)
         merge_ints = (n_rows, hq, total_q if q_varlen else seqlen_q, splits, *o_strides, *l_strides)
         merge_kwargs = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
-                            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"})
-        split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs, **sink_kwargs)
+                            **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"},
+                            **({"HAS_SINKS": True} if sinks is not None else {}))
+        split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs,
+                                       **({"Sinks": sinks} if sinks is not None else {}))
     if q_varlen:
         # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse -inf, as the
         # prefill kernels give them; no kernel row writes them, so they are set here (on the device, no sync)
@@ -752,5 +771,5 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         _PLANS[plan_key] = _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs)
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, {})
     return out, lse

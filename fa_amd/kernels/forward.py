@@ -265,11 +265,26 @@ def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, 
 
 def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k):
     """int32 (batch, hk, NAN_SPLITS, d_pad): nonzero where V of (sequence, KV head) holds a NaN in a feature."""
+    if v.device.type == "cpu":  # the interpreter: one torch pass, not NAN_SPLITS * hk * batch interpreted programs
+        return _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad)
     flags = torch.empty((batch, hk, NAN_SPLITS.value, d_pad), device=v.device, dtype=torch.int32)
     v_nan_flags_kernel[(NAN_SPLITS.value, hk, batch)](
         v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen),
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
         **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}))
+    return flags
+
+
+def _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad):
+    """v_nan_flags on CPU tensors: every NaN flag in split 0, the other splits zero."""
+    nan = torch.isnan(v.float() if v.dtype.itemsize == 1 else v).to(torch.int32)  # FP8: compare in fp32
+    flags = torch.zeros((batch, hk, NAN_SPLITS.value, d_pad), dtype=torch.int32)
+    if varlen:  # NaN count per segment: differences of a running count at the (clamped) boundaries
+        running = torch.cat([nan.new_zeros(1, hk, d), nan.cumsum(0)])
+        cu = cu_seqlens_k[:batch + 1].long().clamp(0, v.shape[0])
+        flags[:, :, 0, :d] = running[cu[1:]] - running[cu[:-1]] > 0
+    else:
+        flags[:, :, 0, :d] = nan.sum(1)
     return flags
 
 

@@ -133,6 +133,53 @@ def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
             cfg = _FITTED_CONFIGS[key] = smaller
 
 
+class CompiledLaunch:
+    """One launch of a compiled Triton kernel, replayed without the JIT's dispatch.
+
+    The decode loop is host-bound, and the JIT's per-call work (binding and specialising ~60
+    arguments, the cache key) is most of a launch's host time: an empty 71-argument kernel took 52 us
+    through `kernel[grid](...)` and 16 us through its CompiledKernel's runner (H100, triton 3.6,
+    .ci/decode_host.py).  Built from one JIT launch -- its arguments and the CompiledKernel it
+    returned -- and the names of the parameters that take each call's own tensors.  `run` launches
+    the same call with new tensors, or returns False and launches nothing where Triton would
+    specialise them differently (another 16-byte alignment of a pointer; on HIP, another side of the
+    2 GiB pointer range of buffer loads): the caller then launches through the JIT."""
+
+    __slots__ = ("runner", "values", "slots", "signature", "hip")
+
+    def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool):
+        from ..tuning import resolve_entry, tables
+
+        params = kernel.params
+        values = list(args) + [kwargs[p.name] if p.name in kwargs else p.default for p in params[len(args):]]
+        keep = list(range(len(params)))
+        if resolve_entry(tables.COMPILED_LAUNCH)["args"] == "runtime":
+            keep = [i for i in keep if not params[i].is_constexpr]
+        index = {params[i].name: j for j, i in enumerate(keep)}
+        self.values = [values[i] for i in keep]
+        self.slots = [index[name] for name in tensor_params]
+        self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (the runner reads three axes)
+        self.hip = hip
+        self.signature = self._signature([self.values[j] for j in self.slots])
+        for j in self.slots:  # hold no tensor of the first call (a KV cache may be gigabytes)
+            self.values[j] = None
+
+    def _signature(self, tensors):
+        if self.hip:
+            return tuple((t.data_ptr() % 16 == 0, t.untyped_storage().size() <= MAX_ROW_OFFSET) for t in tensors)
+        return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+    def run(self, tensors) -> bool:
+        """Launch with `tensors` (one per tensor parameter, in the order given at construction)."""
+        if self._signature(tensors) != self.signature:
+            return False
+        values = self.values.copy()
+        for slot, t in zip(self.slots, tensors):
+            values[slot] = t
+        self.runner(*values)
+        return True
+
+
 def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
                 max_seqlen_q, max_seqlen_k):
     """Runtime scalars + constexpr flags shared by every kernel launch."""

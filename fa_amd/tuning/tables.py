@@ -111,7 +111,11 @@ TABLES = {
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
                  "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
-                 "fp32": {"BLOCK_N": 32, "num_stages": 2}},
+                 "fp32": {"BLOCK_N": 32, "num_stages": 2},
+                 # FP8 (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-23): 64x128/w4/s3 fastest on 3 of 4
+                 # rows, e.g. s8k full 1.611 ms vs this entry's 128x128/w8 1.848 (bf16 2.138), s8k causal
+                 # 1.069 vs 1.194; s4k causal tied with 64x64/w4/s3 (0.716)
+                 "fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
@@ -451,6 +455,10 @@ FP8_MIN_TRITON = {"gfx950": (3, 6)}
 #   gfx950 no byte LDS traffic in either layout (150 vs 146 VGPRs at d64): left head-dim-major, so
 #          FA3-style inputs there pay no copy.  (sm120 follows sm89: the same mma.sync path.)
 FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")
+# How a Triton CompiledKernel's launcher takes a call's arguments (kernels/launch.CompiledLaunch, which
+# replays the decode loop's launches without the JIT's dispatch): every parameter's value in order, or,
+# before triton 3.3, the non-constexpr ones only (the JIT's own launch passed those).
+COMPILED_LAUNCH = {"args": "all", "triton<3.3": {"args": "runtime"}}
 # The FP8 quantisation kernels of the quantising functions (fa_amd/kernels/quantize.py), by arch name,
 # then family, then "default": BLOCK_ELEMENTS elements (tokens x padded head dim) per block, at most
 # MAX_SPLITS programs per (sequence, head) (each walks every MAX_SPLITS-th block), num_warps.  Both

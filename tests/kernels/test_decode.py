@@ -516,3 +516,147 @@ def test_repeated_calls_reuse_checks_and_plans_but_still_check(device):
     if device == "cpu":  # device values are checked where that costs no sync, memo or not
         with pytest.raises(ValueError, match="cache_seqlens"):
             fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens + 1, causal=True)
+
+
+def test_key_mask_calls_reuse_the_plan_with_their_own_mask(device):
+    """Transformers' decode route passes a per-key mask: those calls take the memoized plan too, and
+    a plan hit reads the mask of its own call (a hole moved between calls moves the result)."""
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(11)
+    q = torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16)
+    k_cache = torch.randn(2, 37, 2, 24, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    masks = [torch.ones(2, 37, dtype=torch.uint8, device=device) for _ in range(2)]
+    masks[0][0, 5], masks[1][1, 30] = 0, 0
+
+    def call(mask):
+        return dec.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, key_mask=mask)[0]
+
+    dec._PLANS.clear()
+    call(masks[0])
+    assert len(dec._PLANS) == 1
+    hit = call(masks[1])
+    assert len(dec._PLANS) == 1
+    dec._PLANS.clear()
+    fresh = call(masks[1])
+    torch.testing.assert_close(hit, fresh, rtol=0, atol=0)
+    keep = masks[1].bool()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k_cache.double().repeat_interleave(2, 2)) * 24 ** -0.5
+    probs = scores.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", probs, v_cache.double().repeat_interleave(2, 2))
+    assert (hit.double() - ref).abs().max() < 2e-3
+
+
+class _Param:
+    def __init__(self, name, default=None, is_constexpr=False):
+        self.name, self.default, self.is_constexpr = name, default, is_constexpr
+
+
+class _FakeKernel:
+    """A JIT function's parameter list: X, Y (tensors), n (int), S (tensor kwarg), K (constexpr), D
+    (constexpr with a default)."""
+    params = [_Param("X"), _Param("Y"), _Param("n"), _Param("S"), _Param("K", is_constexpr=True),
+              _Param("D", 7, is_constexpr=True)]
+
+
+class _FakeCompiled:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, args))
+
+
+@pytest.mark.parametrize("args_mode", ["all", "runtime"])
+def test_compiled_launch_orders_arguments_and_guards_specialisation(monkeypatch, args_mode):
+    """The replayed launch passes the kernel's parameters in order (constexprs too from triton 3.3 on,
+    tables.COMPILED_LAUNCH), each call's own tensors in their slots, defaults filled; it refuses
+    (launches nothing) a tensor Triton would specialise differently (16-byte alignment), and keeps
+    no reference to the first call's tensors."""
+    from fa_amd.kernels.launch import CompiledLaunch
+    from fa_amd.tuning import tables
+
+    if args_mode == "runtime":
+        monkeypatch.setitem(tables.COMPILED_LAUNCH, "args", "runtime")
+    base = torch.zeros(64)
+    x, y, s = base[:8], base[16:24], base[32:40]  # 64-byte offsets: 16-byte aligned
+    compiled = _FakeCompiled()
+    launch = CompiledLaunch(_FakeKernel, compiled, (3, 1, 1), (x, y, 5), {"S": s, "K": 2, "num_warps": 4},
+                            ("X", "Y", "S"), hip=False)
+    assert all(v is None or not isinstance(v, torch.Tensor) for v in launch.values)
+    x2, y2, s2 = base[8:16], base[24:32], base[40:48]
+    assert launch.run((x2, y2, s2))
+    grid, args = compiled.calls[-1]
+    assert grid == (3, 1, 1)
+    want = [x2, y2, 5, s2] + ([2, 7] if args_mode == "all" else [])
+    assert len(args) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
+                                          for a, b in zip(args, want))
+    assert not launch.run((base[1:9], y2, s2)) and len(compiled.calls) == 1  # 4-byte offset: not aligned
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sinks", [False, True])
+def test_replayed_decode_launches_equal_the_jit_launches(sinks):
+    """A decode loop's later calls launch through the plan's replayed CompiledKernels: bit-equal to a
+    JIT launch on fresh data, inside CUDA-graph capture too, and a misaligned view (another Triton
+    specialisation) goes through the JIT and is still right."""
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(3)
+    hq, hk, d = 8, 2, 128
+    k_cache = torch.randn(3, 1000, hk, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([1000, 17, 513], dtype=torch.int32, device="cuda")
+    sink = torch.randn(hq, device="cuda") if sinks else None
+
+    def call(q):
+        return dec.decode_forward(q, k_cache, v_cache, d ** -0.5, -1, -1, 0.0, None, cache_seqlens=lens,
+                                  sinks=sink, num_splits=4)
+
+    dec._PLANS.clear()
+    call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # builds the plan
+    call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # its JIT launch becomes the replay
+    (plan,) = dec._PLANS.values()
+    assert set(plan.replays) == {"decode", "merge"}
+    q = torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    replayed = call(q)
+    dec._PLANS.clear()
+    jit = call(q)
+    assert all(torch.equal(a, b) for a, b in zip(replayed, jit))
+    call(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(q)
+    q_new = torch.randn_like(q)
+    q.copy_(q_new)
+    graph.replay()
+    assert all(torch.equal(a, b) for a, b in zip(captured, call(q_new)))
+    storage = torch.randn(3 * hq * d + 1, device="cuda", dtype=torch.bfloat16)
+    misaligned = storage[1:].view(3, 1, hq, d)  # 2-byte offset
+    misaligned.copy_(q)
+    # (another specialisation is other machine code: equal up to rounding, not bit for bit)
+    for a, b in zip(call(misaligned), jit):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_plan_hits_with_sinks_and_splits_equal_the_full_path(device):
+    """A memoized call with learnable sinks and split keys merges the splits with the sinks, as the
+    first (full-path) call does."""
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(13)
+    q = torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16)
+    k_cache = torch.randn(2, 70, 2, 24, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    sinks = torch.randn(4, device=device) + 1.0
+
+    def call():
+        return dec.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, sinks=sinks, num_splits=3)
+
+    dec._PLANS.clear()
+    full = call()
+    hit = call()
+    assert len(dec._PLANS) == 1 and next(iter(dec._PLANS.values())).part_shapes is not None
+    for a, b in zip(hit, full):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

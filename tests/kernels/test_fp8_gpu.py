@@ -70,7 +70,10 @@ def test_descaled_inputs_features(feature):
     emu, emu_lse = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), **kw)
     assert_within_emulation("out", out, ref, emu, torch.float32)
     finite = torch.isfinite(emu_lse)
-    assert (lse[finite].double() - emu_lse[finite]).abs().max() < 1e-3
+    # Hopper's FP8 tensor cores add up products in a narrower accumulator than fp32 (~14 mantissa bits,
+    # as FA3 and DeepSeek-V3 report), so scores of magnitude ~10 carry ~1e-3 absolute error; the
+    # emulation is float64 (on the CPU interpreter, whose FP8 dots are exact, the same case is 6e-7)
+    assert (lse[finite].double() - emu_lse[finite]).abs().max() < 4e-3
     torch.testing.assert_close(probs.double().sum(-1)[finite], torch.ones_like(emu_lse)[finite], atol=2e-3, rtol=0)
 
 
@@ -158,8 +161,13 @@ def test_dropout_backward_uses_the_forward_mask():
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref64, _ = attention_ref(*leaves, causal=True, dropout_p=0.2, dropout_mask=keep)
     g64 = torch.autograd.grad(ref64, leaves, dout.double())
-    for a, b in zip(g, g64):  # same mask in backward: a wrong one is off by O(1)
-        assert (a.double() - b).abs().max() <= 0.1 * b.abs().max()
+    # the backward rule in float64 (high-precision q, k, v; the emulated FP8 forward's out and lse; the
+    # same mask): a wrong mask in the kernels' backward is off by O(1), far outside 3x its error
+    emu_lse = attention_ref(*deq, causal=True)[1]
+    g_emu = attention_grads_from_stats(q, k, v, emu, emu_lse, dout, causal=True, dropout_p=0.2, dropout_mask=keep)
+    for name, a, b, e in zip("qkv", g, g64, g_emu):
+        err, err_emu = (a.double() - b).abs().max().item(), (e - b).abs().max().item()
+        assert err <= 3 * err_emu + 1e-3 * b.abs().max().item(), f"d{name}: {err:.3e} > 3 x emulated {err_emu:.3e}"
 
 
 def test_cuda_graph_capture_of_fp8_inputs():
