@@ -8,7 +8,7 @@ system triton), one version after the other, and the version x target table is p
 
     python .ci/aot_matrix.py                           # every version, full sweep, AMD targets
     python .ci/aot_matrix.py --versions 3.2.0 --ci     # what .ci/run runs: the CI subset under 3.2
-    python .ci/aot_matrix.py --from-json DIR           # the table of earlier runs
+    python .ci/aot_matrix.py --from-json DIR           # the tables of earlier runs
 
 Exit status: non-zero when any version has a compile error or AMD scratch outside
 fa_amd.aot.KNOWN_SCRATCH.
@@ -59,6 +59,7 @@ def run_version(version: str, args) -> Path:
     cmd += ["--kernels", *args.kernels] if args.kernels else []
     cmd += ["--dtypes", *args.dtypes] if args.dtypes else []
     cmd += ["--variants", *args.variants] if args.variants else []
+    cmd += ["--head-dims", *map(str, args.head_dims)] if args.head_dims else []
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TRITON_INTERPRET", None)
     start = time.perf_counter()
@@ -102,6 +103,35 @@ def matrix_table(paths, targets) -> tuple:
     return "\n".join(lines), ok
 
 
+def kernel_table(paths, targets, kernels) -> str:
+    """One line per (triton, target): per kernel, the variants built, max VGPRs, max scratch B and min
+    occupancy (docs/AOT.md's decode table)."""
+    sys.path.insert(0, str(ROOT))
+    from fa_amd.aot import CompileResult
+
+    head = " | ".join(f"{k}: built, VGPRs, scratch B, occupancy" for k in kernels)
+    lines = [f"| triton | target | {head} |", "|---|---|" + "---|" * len(kernels)]
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        results = [CompileResult(**r) for r in payload["results"]]
+        for target in targets:
+            if target not in payload["targets"]:
+                continue
+            cells = []
+            for kernel in kernels:
+                rows = [r for r in results if (r.target, r.kernel) == (target, kernel)]
+                built = [r for r in rows if r.error is None]
+                if not rows:
+                    cells.append("-")
+                    continue
+                vgprs = max((r.vgprs for r in built if r.vgprs is not None), default=None)
+                occ = min((r.occupancy for r in built if r.occupancy is not None), default=None)
+                scratch = max((r.scratch_bytes or 0 for r in built), default=0)
+                cells.append(f"{len(built)}/{len(rows)}, {vgprs}, {scratch}, {occ}")
+            lines.append(f"| {payload['triton']} | {target} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), help="triton versions ('installed': this one)")
@@ -110,6 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ci", action="store_true", help="the CI subset (heaviest variant per kernel), not --full")
     parser.add_argument("--dtypes", nargs="+", help="with the full sweep: only these dtypes (default: all)")
     parser.add_argument("--variants", nargs="+", help="with the full sweep: only these feature variants (default: all)")
+    parser.add_argument("--head-dims", nargs="+", type=int, help="with the full sweep: only these head dims")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "fa_amd_aot_matrix"),
                         help="folder for the per-version JSON files")
@@ -125,6 +156,10 @@ def main(argv=None) -> int:
         paths = [run_version(v, args) for v in args.versions]
     table, ok = matrix_table(paths, args.arch)
     print("\n" + table)
+    from fa_amd.aot import DECODE_KERNELS
+
+    print("\nThe decode kernels:\n")
+    print(kernel_table(paths, args.arch, DECODE_KERNELS))
     return 0 if ok else 1
 
 

@@ -17,7 +17,7 @@ What is built is what runs: each job's kernel call is recorded from the real lau
 goes through the installed Triton's own argument binder (types, 16-divisibility, ints equal
 to 1, AMD pointer ranges, as at a launch) and compiler.
 
-Adding a kernel (decode, an FP8 variant, ...): one LAUNCHES entry in fa_amd/aot_launches.py
+Adding a kernel (or a launch route of one): one LAUNCHES entry in fa_amd/aot_launches.py
 (and a `_run_*` function there if no existing one calls its launcher); `builds` below says
 where it runs, if not everywhere.
 
@@ -41,8 +41,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .aot_launches import (_DKDV_KERNELS, FP8_LAUNCHES, LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call,
-                           launch_config)
+from .aot_launches import (_DKDV_KERNELS, DECODE_LAUNCHES, DECODE_ONLY_VARIANTS, DECODE_VARIANTS, FP8_LAUNCHES,
+                           LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call, launch_config)
 
 # the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
 # them, and the RDNA parts that share the gfx1100 rows (built when named, or with --arch rdna / all)
@@ -56,20 +56,39 @@ _TARGET_GROUPS = {"amd": AMD_TARGETS, "rdna": ("gfx1100",) + RDNA_ALIAS_TARGETS,
 # launcher fuses (tables.FUSED_DQ_FAMILIES, rows whose "dkdv" and "dq" entries share launch options)
 # fwd_fp8, decode_fp8, decode_fp8kv, append_fp8: the FP8 paths (fa_amd.aot_launches.FP8_LAUNCHES), built
 # where the target has an FP8 dot product under the installed triton (fp8_builds)
+# decode, merge, append: the split-KV decode kernel, the merge of its key splits and the KV-cache append
+# (fa_amd.aot_launches.DECODE_LAUNCHES), in the variants of aot_launches.DECODE_VARIANTS
 FP8_KERNELS = tuple(FP8_LAUNCHES)
-KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + FP8_KERNELS
-DEFAULT_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "rotary") + FP8_KERNELS
+DECODE_KERNELS = tuple(DECODE_LAUNCHES)
+KERNELS = (("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + DECODE_KERNELS
+           + FP8_KERNELS)
+DEFAULT_KERNELS = tuple(k for k in KERNELS if k != "probs")
 # (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
 HEAD_DIMS = (64, 80, 128, 256)
 DTYPES = ("fp16", "bf16")
+# the dtypes the full sweep builds per kernel: fp32 inputs too for the decode kernels, whose tables
+# have an "fp32" override (the others' AMD rows have none)
+ALL_DTYPES = DTYPES + ("fp32",)
+
+
+def sweep_dtypes(kernel: str) -> tuple:
+    return ALL_DTYPES if kernel in DECODE_KERNELS else DTYPES
+
+
 # Spills that no table row avoids with the current kernel code, and why.
 # Listed here they print as "known spill" and do not fail the check; the test
 # fails once one of them stops spilling (stale_known_scratch), so the list
-# cannot go stale.  key: (target, kernel, table row head_dim) -> reason.
-# Empty: the gfx1100 rows that spilled (every d128 backward and d256 kernel,
-# the d64 atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since
-# 2026-11, with zero scratch (docs/AOT.md).
-KNOWN_SCRATCH: Dict[tuple, str] = {}
+# cannot go stale.  key: (table family, kernel, table row head_dim[, dtype]) -> reason (with a
+# dtype: that dtype's builds only).
+# The gfx1100 training-kernel rows that spilled (every d128 backward and d256 kernel, the d64
+# atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since 2026-11, with zero scratch
+# (docs/AOT.md).  Left: fp32 decode at d256 on RDNA3, whose dots are FMA loops (no fp32 WMMA):
+# 856..880 B under triton 3.6 at the row's 16x16 tile with 16 warps, more at every other tile tried
+# (up to 16x32, 4 to 16 warps, RELOAD_CHUNK 0/16/32; tables.py, "gfx1100" decode rows).
+KNOWN_SCRATCH: Dict[tuple, str] = {
+    ("gfx1100", "decode", 256, "fp32"): "fp32 decode, d256, RDNA3 (FMA dots): spills at every tile tried "
+                                        "(docs/AOT.md, 'Decode kernels')",
+}
 # The same for older Tritons only: {"triton<X.Y": {(table family, kernel, table row head_dim): reason}},
 # covering results compiled by a triton older than X.Y (their measured figures are in docs/AOT.md).
 # gfx1100 (and the RDNA parts that run its rows) before 3.6: the reloading kernels were fitted to
@@ -81,6 +100,8 @@ KNOWN_SCRATCH_BEFORE: Dict[str, Dict[tuple, str]] = {
     "triton<3.6": {("gfx1100", kernel, d): _RDNA_BEFORE_3_6
                    for kernel in ("fwd", "dkdv", "dkdv_atomic", "dq", "probs") for d in (64, 128, 256)}
                   | {("gfx1100", "rotary", d): _RDNA_BEFORE_3_6 + " (rotary d128 plain: 116 B under triton 3.2)"
+                     for d in (64, 128, 256)}
+                  | {("gfx1100", "decode", d): _RDNA_BEFORE_3_6 + " (split-KV decode: docs/AOT.md, 'Decode kernels')"
                      for d in (64, 128, 256)},
 }
 
@@ -136,12 +157,21 @@ class CompileResult:
 def known_scratch(r: "CompileResult") -> Optional[str]:
     """The KNOWN_SCRATCH (or, for the triton that built it, KNOWN_SCRATCH_BEFORE) reason covering
     this result's (target, kernel, table row), if any."""
-    row = (_family(r.target), r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
+    keys = _known_scratch_keys(r)
     version = _version_tuple(r.triton) if r.triton else triton_version()
     for bound, rows in KNOWN_SCRATCH_BEFORE.items():
-        if version < _version_tuple(bound.split("<")[1]) and row in rows:
-            return rows[row]
-    return KNOWN_SCRATCH.get(row)
+        if version < _version_tuple(bound.split("<")[1]):
+            hit = next((rows[k] for k in keys if k in rows), None)
+            if hit:
+                return hit
+    return next((KNOWN_SCRATCH[k] for k in keys if k in KNOWN_SCRATCH), None)
+
+
+def _known_scratch_keys(r: "CompileResult") -> tuple:
+    """The known-scratch keys a result falls under: (family, kernel, row head dim, dtype), then without dtype."""
+    head_dim, dtype = r.variant.split("-")[:2]
+    row = (_family(r.target), r.kernel, _d_pad(int(head_dim[1:])))
+    return row + (dtype,), row
 
 
 def _family(target: str) -> str:
@@ -170,11 +200,11 @@ def stale_known_scratch(results: List["CompileResult"]) -> List[str]:
     (KNOWN_SCRATCH_BEFORE rows cover several versions, which need not all spill: not checked.)"""
     spills: Dict[tuple, bool] = {}
     for r in results:
-        row = (r.target, r.kernel, _d_pad(int(r.variant.split("-")[0][1:])))
-        if row in KNOWN_SCRATCH and r.error is None:
-            row = (r.target, r.kernel, f"d{_d_pad(int(r.variant.split('-')[0][1:]))}")
-            spills[row] = spills.get(row, False) or bool(r.scratch_bytes)
-    return [" ".join(row) for row, spilled in spills.items() if not spilled]
+        key = next((k for k in _known_scratch_keys(r) if k in KNOWN_SCRATCH), None)
+        if key is not None and r.error is None:
+            spills[key] = spills.get(key, False) or bool(r.scratch_bytes)
+    return [" ".join([family, kernel, f"d{d}", *dtype]) for (family, kernel, d, *dtype), spilled in spills.items()
+            if not spilled]
 
 
 # --------------------------------------------------------------------------- job lists
@@ -195,23 +225,41 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, s
     table_kernel = LAUNCHES[kernel].table_kernel
     if table_kernel is None:  # preprocess: fixed block, default launch options (see attention_backward)
         return {"BLOCK_M": 64 if d_pad <= 128 else 32}
+    if LAUNCHES[kernel].module == "decode":  # tables.DECODE_TABLES ("causal": the wide tile)
+        return decode_config(target, kernel, d_pad, wide=causal)
     return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short, fp8=kernel in FP8_KERNELS)
+
+
+def decode_config(target: str, kernel: str, d_pad: int, wide: bool = False, fp32: bool = False) -> Dict:
+    """A decode kernel's launch dict from tables.DECODE_TABLES as the launcher resolves it ("wide": more
+    than tables.DECODE_WIDE_ROWS query rows per KV head; the FP8 kernels take the tables.DECODE_FP8
+    overrides)."""
+    from .tuning import get_decode_config
+
+    return dict(get_decode_config(_arch_of(target), d_pad, fp32, wide, fp8=kernel in FP8_KERNELS)[
+        LAUNCHES[kernel].table_kernel])
 
 
 def _has_short(target: str, kernel: str, d_pad: int) -> bool:
     from .tuning import default_entry
 
     table_kernel = LAUNCHES[kernel].table_kernel
-    return bool(table_kernel and default_entry(_arch_of(target), table_kernel, d_pad).get("short"))
+    return bool(table_kernel and LAUNCHES[kernel].module != "decode"
+                and default_entry(_arch_of(target), table_kernel, d_pad).get("short"))
 
 
 def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: str = "") -> bool:
     """Whether the launcher runs this kernel (and variant) on this target: dkdv_fused only where the
     tables fuse, dkdv_atomic only where they choose atomic dQ, "short" only for entries with a "short"
-    override, "split" only for the dK/dV kernels, rotary only in its two variants."""
+    override, "split" only for the dK/dV kernels, rotary only in its two variants, the decode kernels
+    in their aot_launches.DECODE_VARIANTS (the decode-only variants nowhere else)."""
     from .tuning import bwd_fusable, family_of, nondeterministic_dq
 
     family = family_of(_arch_of(target))
+    if kernel in DECODE_KERNELS:
+        return variant in ("",) + DECODE_VARIANTS[kernel]
+    if variant in DECODE_ONLY_VARIANTS:
+        return False
     if kernel in FP8_KERNELS:
         return fp8_builds(target) and (variant in ("", "plain", "causal", "all")
                                        or (kernel == "fwd_fp8" and variant == "short" and _has_short(target, kernel,
@@ -268,11 +316,23 @@ def _d_pad(head_dim: int) -> int:
     return head_dim_padded(head_dim)
 
 
-def full_jobs(targets, kernels, dtypes=DTYPES, variants=tuple(VARIANTS)) -> List[CompileJob]:
+def full_jobs(targets, kernels, dtypes=None, variants=tuple(VARIANTS), head_dims=HEAD_DIMS) -> List[CompileJob]:
+    """Every head dim x dtype (default: sweep_dtypes) x variant the launchers run, per target and kernel."""
     return [CompileJob(t, k, d, dt, v)
-            for t in targets for k in kernels for d in HEAD_DIMS for dt in dtypes
+            for t in targets for k in kernels for d in head_dims for dt in (dtypes or sweep_dtypes(k))
             for v in (variants if k != "preprocess" else ("plain",))
             if not (k == "preprocess" and d == 80) and builds(t, k, _d_pad(d), _is_causal(v), v)]
+
+
+def _decode_ci_jobs(target: str, kernel: str, dtype: str) -> List[CompileJob]:
+    """The CI subset of a decode kernel: the decode kernel with every feature of the paged route ("all")
+    at its heaviest table row, the merge (with sinks) and the append (paged, rotary) at the largest head
+    dim.  (The other routes, the wide tile and fp32: the full sweep; under triton 3.2 a decode build
+    takes 10-30 s on one core.)"""
+    d = 256
+    if kernel == "decode":
+        d = max((64, 128, 256), key=lambda d: _pressure(kernel, decode_config(target, kernel, d), d))
+    return [CompileJob(target, kernel, d, dtype, "all")]
 
 
 def ci_jobs(targets, kernels) -> List[CompileJob]:
@@ -289,6 +349,9 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
         for k in kernels:
             if k in FP8_KERNELS:
                 jobs += _fp8_ci_jobs(t, k)
+                continue
+            if k in DECODE_KERNELS:
+                jobs += _decode_ci_jobs(t, k, dtype)
                 continue
             if k in ("preprocess", "rotary"):
                 jobs.append(CompileJob(t, k, 256 if k == "preprocess" else 128, dtype, "plain"))
@@ -639,7 +702,8 @@ def format_tables(results: List[CompileResult]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(rows, key=lambda r: (list(TARGETS).index(r.target), r.variant)):
             c = r.config
-            tiles = f"{c.get('BLOCK_M', '-')}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
+            tile_rows = c.get("BLOCK_M", c.get("BLOCK_T", c.get("BLOCK_R", "-")))
+            tiles = f"{tile_rows}x{c.get('BLOCK_N', '-')}, {c.get('num_warps', 4)}w, {c.get('num_stages', '-')}s"
             if "waves_per_eu" in c:
                 tiles += f", wpe{c['waves_per_eu']}"
             if c.get("RELOAD_CHUNK"):
@@ -696,9 +760,13 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
                         help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="with --full: dtypes")
+    parser.add_argument("--dtypes", nargs="+", choices=ALL_DTYPES, default=None,
+                        help=f"with --full: dtypes (default: {' '.join(DTYPES)}; fp32 too for "
+                             f"{' '.join(DECODE_KERNELS)})")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="with --full: feature variants")
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=list(HEAD_DIMS),
+                        help="with --full: head dims")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
                              "fail, scratch is reported: the tuner times candidates and keeps the fastest)")
@@ -741,9 +809,11 @@ def run_cli(args) -> int:
     if args.tune_candidates:
         jobs = [j for j in tune_candidate_jobs(usable) if j.kernel in kernels]
     else:
-        jobs = full_jobs(usable, kernels, args.dtypes, args.variants) if args.full else ci_jobs(usable, kernels)
+        jobs = (full_jobs(usable, kernels, args.dtypes, args.variants, args.head_dims) if args.full
+                else ci_jobs(usable, kernels))
     # slowest first (large tiles, RDNA) so the parallel tail is short
-    jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary"), j.target != "gfx1100", -j.head_dim))
+    jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary", "merge", "append", "append_fp8"),
+                             j.target != "gfx1100", -j.head_dim))
     print(f"triton {triton.__version__}: compiling {len(jobs)} kernel variants for {', '.join(usable)} "
           f"with {args.jobs} processes ...", flush=True)
     start = time.perf_counter()

@@ -6,7 +6,7 @@ its default table entries as the installed Triton resolves them, tuned tables ig
 recording stand-in for the launcher module's @triton.jit kernels; `launch_call` returns the
 recorded `kernel[grid](*args, **kwargs)` call, which fa_amd.aot compiles.
 
-Adding a kernel (decode, an FP8 variant, ...): write a `_run_*` function that calls its launcher
+Adding a kernel (or a launch route of one): write a `_run_*` function that calls its launcher
 on a Problem (or reuse one), and add one LAUNCHES entry naming the @triton.jit function to build
 and the launcher switches to set; fa_amd.aot.builds says where it runs, if not everywhere.  Its
 arguments, dtypes and launch options then come from the launcher itself.
@@ -46,7 +46,12 @@ VARIANTS = {
     # "all" with the GQA group split over dK/dV programs (kernels.backward.dkdv_heads_per_program):
     # fp32 partial (or atomically summed) dK/dV buffers; dK/dV kernels only
     "split": dict(GROUP=2, SPLIT=True, **ALL_FLAGS),
+    # the other routes into the decode kernels (DECODE_LAUNCHES below); decode kernels only
+    "dense": dict(GROUP=2, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True),
+    "varlen": dict(GROUP=2, IS_VARLEN=True, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True),
+    "masked": dict(GROUP=2, IS_SOFTCAP=True, HAS_LEFT=True, HAS_RIGHT=True),
 }
+DECODE_ONLY_VARIANTS = ("dense", "varlen", "masked")
 
 @dataclass
 class Problem:
@@ -144,13 +149,16 @@ class Launch:
     """How the check gets one kernel's launch: `run(problem, **run_kwargs)` calls the real launcher;
     `kernel_fn` is the @triton.jit function (in fa_amd.kernels.<module>) whose call is built; `hooks`
     are launcher test switches ("module.NAME": value) set meanwhile; `table_kernel` the table
-    entry its tiles come from (None: a fixed launch)."""
+    entry its tiles come from (None: a fixed launch; "decode", "merge", "append": the entries of
+    tables.DECODE_TABLES)."""
     module: str
     kernel_fn: str
     run: Callable
     run_kwargs: Dict = field(default_factory=dict)
     hooks: Dict = field(default_factory=dict)
     table_kernel: Optional[str] = None
+    # other fa_amd.kernels modules the launcher may launch from (their kernels are recorded too, not run)
+    also_records: tuple = ()
 
 
 _BWD = "backward.BWD_DQ_MODE"
@@ -180,10 +188,8 @@ LAUNCHES = {
 #   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
 #   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
 #   amax_fp8, cast_fp8  the quantising functions' two passes (kernels/quantize.py)
-# Variants: "plain" dense cache, int cache_seqlens; "causal" tensor cache_seqlens, causal, 17 query
-# tokens (chunked prefill on a cache: the "wide" tile); "all" paged cache, GQA 2, cache_leftpad,
-# window, softcap, ALiBi, rotary, sinks and key splits (the decode kernels; the append takes the
-# paged cache and rotary).
+# Variants: "plain", "causal" and "all" of the decode launches below (the same problems, with an FP8
+# cache); the quantiser's: see _run_quantize_fp8.
 
 def _fp8_dtype_of(module):
     """The FP8 type of the target a launcher module runs as while recorded (its arch_for is the
@@ -211,61 +217,12 @@ def _run_forward_fp8(p: Problem):
                               out_dtype=getattr(torch, _TORCH_DTYPES[p.dtype]))
 
 
-def _decode_inputs(p: Problem, q_fp8: bool):
-    """decode_forward's arguments for an FP8 KV cache (variants: the block above)."""
-    import torch
-
-    from .kernels import decode
-
-    fp8_dtype = _fp8_dtype_of(decode)
-    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
-    everything = p.variant == "all"
-    batch, hk, d, cache = 2, 2, p.head_dim, 2048
-    hq = hk * p.group
-    seqlen_q = 17 if p.variant == "causal" else 1  # "causal": more than DECODE_WIDE_ROWS rows, the wide tile
-    q = torch.zeros(batch, seqlen_q, hq, d, dtype=fp8_dtype if q_fp8 else dtype)
-    kw = dict(q=q, softmax_scale=d ** -0.5, window_left=cache // 4 - 1 if p.left else -1,
-              window_right=0 if p.right else -1, softcap=30.0 if p.softcap else 0.0,
-              alibi_slopes=torch.rand(hq) if p.alibi else None,
-              descale=torch.ones(batch, hk, 3, dtype=torch.float32), out_dtype=dtype)
-    if everything:
-        page = 64
-        kw.update(k_cache=torch.zeros(batch * cache // page, page, hk, d, dtype=fp8_dtype),
-                  block_table=torch.arange(batch * cache // page, dtype=torch.int32).view(batch, -1),
-                  cache_leftpad=torch.zeros(batch, dtype=torch.int32),
-                  rotary_cos=torch.zeros(cache, d // 4), rotary_sin=torch.zeros(cache, d // 4),
-                  rotary_interleaved=True, rotary_per_token=True, num_splits=4,
-                  sinks=torch.zeros(hq, dtype=torch.float32))
-    else:
-        kw.update(k_cache=torch.zeros(batch, cache, hk, d, dtype=fp8_dtype))
-    kw["v_cache"] = torch.zeros_like(kw["k_cache"])
-    if p.variant == "plain":
-        kw.update(cache_seqlens_int=cache - 1, seqlen_new=1)
-    else:
-        kw.update(cache_seqlens=torch.full((batch,), cache // 2, dtype=torch.int32), seqlen_new=1)
-    return kw
-
-
 def _run_decode_fp8(p: Problem, q_fp8: bool = True):
-    from .kernels import decode
-
-    decode.decode_forward(**_decode_inputs(p, q_fp8))
+    _run_decode(p, q_fp8=q_fp8, kv_fp8=True)
 
 
 def _run_append_fp8(p: Problem):
-    import torch
-
-    from .kernels import decode
-    from .tuning import get_decode_config
-
-    kw = _decode_inputs(p, q_fp8=False)
-    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
-    batch, hk, d = 2, kw["k_cache"].shape[2], p.head_dim
-    new = torch.zeros(batch, 1, hk, d, dtype=dtype)
-    cfg = get_decode_config(decode.arch_for(None), decode.head_dim_padded(d), p.dtype == "fp32")["append"]
-    decode.kv_append(new, torch.zeros_like(new), kw["k_cache"], kw["v_cache"], kw.get("cache_seqlens"),
-                     kw.get("cache_seqlens_int"), None, kw.get("block_table"), kw.get("rotary_cos"),
-                     kw.get("rotary_sin"), True, cfg, kw["descale"])
+    _run_append(p, kv_fp8=True)
 
 
 def _run_quantize_fp8(p: Problem, relayout: bool = False):
@@ -288,13 +245,130 @@ def _run_quantize_fp8(p: Problem, relayout: bool = False):
 
 FP8_LAUNCHES = {
     "fwd_fp8": Launch("forward", "attn_fwd_kernel", _run_forward_fp8, table_kernel="fwd"),
-    "decode_fp8": Launch("decode", "decode_kernel", _run_decode_fp8),
-    "decode_fp8kv": Launch("decode", "decode_kernel", _run_decode_fp8, dict(q_fp8=False)),
-    "append_fp8": Launch("decode", "kv_append_kernel", _run_append_fp8),
+    "decode_fp8": Launch("decode", "decode_kernel", _run_decode_fp8, table_kernel="decode"),
+    "decode_fp8kv": Launch("decode", "decode_kernel", _run_decode_fp8, dict(q_fp8=False), table_kernel="decode"),
+    "append_fp8": Launch("decode", "kv_append_kernel", _run_append_fp8, table_kernel="append"),
     "amax_fp8": Launch("quantize", "fp8_amax_kernel", _run_quantize_fp8),
     "cast_fp8": Launch("quantize", "fp8_cast_kernel", _run_quantize_fp8, dict(relayout=True)),
 }
+
+
+# --------------------------------------------------------------------------- decode launches (issue 14)
+# The split-KV decode path (fa_amd/kernels/decode.py), recorded from its launchers decode_forward and
+# kv_append with the arguments each public route gives them (fa_amd.kvcache: flash_attn_with_kvcache,
+# flash_attn_varlen_func with block_table / seqused_k; the Transformers decode route of
+# integrations/hf_attention.py), tiles from tables.DECODE_TABLES:
+#   decode   decode_kernel: its "decode" entry, the "wide" override past DECODE_WIDE_ROWS rows per KV
+#            head, the "fp32" one for fp32 inputs; on RELOAD_CHUNK rows (gfx1100) the launcher rotates
+#            q first (the rotary kernel, recorded) and the kernel runs without ROTARY
+#   merge    split_merge_kernel, after a split decode (the variants with key splits)
+#   append   kv_append_kernel (the flash_attn_with_kvcache variants: "plain", "causal", "all", "dense")
+# Variants (the FP8 kernels take "plain", "causal", "all"):
+#   plain   dense cache, int cache_seqlens, one query token, MHA, 2 key splits (merge without sinks)
+#   causal  dense cache, tensor cache_seqlens, causal, 17 query tokens appended and attending (chunked
+#           prefill on a cache): more than DECODE_WIDE_ROWS rows, the "wide" tile; unsplit
+#   all     paged cache, GQA 2, cache_leftpad, window, softcap, ALiBi, interleaved rotary per token,
+#           sinks, 4 key splits (merge with sinks; the append: paged, rotary)
+#   dense   flash_attn_with_kvcache's dense-cache features: cache_batch_idx, cache_leftpad, rotate-half
+#           rotary per token, 2 query tokens appended (speculative decoding: the causal right edge is
+#           live), GQA 2, window, softcap, ALiBi, sinks; unsplit (the sinks start the kernel's softmax)
+#   varlen  flash_attn_varlen_func with block_table and seqused_k: varlen q (3 and 1 tokens), paged
+#           keys of cu_seqlens_k lengths, GQA 2, causal, window, softcap, ALiBi, 4 key splits
+#   masked  the Transformers decode route: a dense cache with cache_leftpad, a per-key mask (an
+#           attention mask with holes), GQA 2, window, softcap, sinks, 2 key splits
+_DECODE_SPLITS = {"plain": 2, "all": 4, "varlen": 4, "masked": 2}  # the others: unsplit
+
+
+def _decode_inputs(p: Problem, q_fp8: bool = False, kv_fp8: bool = False) -> Dict[str, Any]:
+    """decode_forward's arguments for the problem's variant (the block above): the job's dtype, or for
+    an FP8 KV cache the target's FP8 type for the caches (and q when q_fp8), with their descales and an
+    output in the job's dtype.  "seqlen_new": how many of the keys the call appended first (kv_append)."""
+    import torch
+
+    from .kernels import decode
+
+    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
+    fp8_dtype = _fp8_dtype_of(decode) if kv_fp8 else dtype
+    v = p.variant
+    batch, hk, d, cache = 2, 2, p.head_dim, 2048
+    hq = hk * p.group
+    seqlen_q = {"causal": 17, "dense": 2, "varlen": 3}.get(v, 1)
+    kw = dict(softmax_scale=d ** -0.5, window_left=cache // 4 - 1 if p.left else -1,
+              window_right=0 if p.right else -1, softcap=30.0 if p.softcap else 0.0,
+              alibi_slopes=torch.rand(hq) if p.alibi else None, num_splits=_DECODE_SPLITS.get(v, 1))
+    if kv_fp8:
+        kw.update(descale=torch.ones(batch, hk, 3, dtype=torch.float32), out_dtype=dtype)
+    q_dtype = fp8_dtype if q_fp8 else dtype
+    if v == "varlen":
+        kw.update(q=torch.zeros(seqlen_q + 1, hq, d, dtype=q_dtype), max_seqlen_q=seqlen_q,
+                  cu_seqlens_q=torch.tensor([0, seqlen_q, seqlen_q + 1], dtype=torch.int32),
+                  cu_seqlens_k=torch.tensor([0, cache // 2, cache // 2 + 5], dtype=torch.int32),
+                  seqused_k=torch.tensor([cache // 2, 5], dtype=torch.int32))
+    else:
+        kw["q"] = torch.zeros(batch, seqlen_q, hq, d, dtype=q_dtype)
+    if v in ("all", "varlen"):
+        page = 64
+        kw.update(k_cache=torch.zeros(batch * cache // page, page, hk, d, dtype=fp8_dtype),
+                  block_table=torch.arange(batch * cache // page, dtype=torch.int32).view(batch, -1))
+    else:
+        kw["k_cache"] = torch.zeros(batch + (v == "dense"), cache, hk, d, dtype=fp8_dtype)
+    kw["v_cache"] = torch.zeros_like(kw["k_cache"])
+    if v in ("all", "dense", "masked"):
+        kw.update(cache_leftpad=torch.zeros(batch, dtype=torch.int32), sinks=torch.zeros(hq, dtype=torch.float32))
+    if v in ("all", "dense"):  # flash-attn's (seqlen_ro, rotary_dim / 2) tables: partial rotary in "all"
+        rot = d // 4 if v == "all" else d // 2
+        kw.update(rotary_cos=torch.zeros(cache, rot), rotary_sin=torch.zeros(cache, rot),
+                  rotary_interleaved=v == "all", rotary_per_token=True)
+    if v == "dense":
+        kw["cache_batch_idx"] = torch.tensor([2, 0], dtype=torch.int32)
+    if v == "masked":
+        kw["key_mask"] = torch.ones(batch, cache, dtype=torch.uint8)
+    if v == "plain":
+        kw.update(cache_seqlens_int=cache - 1, seqlen_new=1)
+    elif v != "varlen":
+        new = seqlen_q if v in ("causal", "dense") else 1 if v == "all" else 0
+        kw.update(cache_seqlens=torch.full((batch,), cache // 2, dtype=torch.int32), seqlen_new=new)
+    return kw
+
+
+def _run_decode(p: Problem, q_fp8: bool = False, kv_fp8: bool = False):
+    from .kernels import decode
+
+    decode.decode_forward(**_decode_inputs(p, q_fp8, kv_fp8))
+
+
+def _run_append(p: Problem, kv_fp8: bool = False):
+    """kv_append as flash_attn_with_kvcache calls it (fa_amd.kvcache._append) before the variant's decode
+    (rotary_interleaved: flash-attn's default, True, where the variant has no rotary)."""
+    import torch
+
+    from .kernels import decode
+    from .tuning import get_decode_config
+
+    kw = _decode_inputs(p, kv_fp8=kv_fp8)
+    dtype = getattr(torch, _TORCH_DTYPES[p.dtype])
+    batch, hk, d = 2, kw["k_cache"].shape[2], p.head_dim
+    new = torch.zeros(batch, kw["seqlen_new"], hk, d, dtype=dtype)
+    cfg = get_decode_config(decode.arch_for(None), decode.head_dim_padded(d), p.dtype == "fp32")["append"]
+    decode.kv_append(new, torch.zeros_like(new), kw["k_cache"], kw["v_cache"], kw.get("cache_seqlens"),
+                     kw.get("cache_seqlens_int"), kw.get("cache_batch_idx"), kw.get("block_table"),
+                     kw.get("rotary_cos"), kw.get("rotary_sin"), kw.get("rotary_interleaved", True), cfg,
+                     kw.get("descale"))
+
+
+DECODE_LAUNCHES = {
+    "decode": Launch("decode", "decode_kernel", _run_decode, table_kernel="decode", also_records=("rotary",)),
+    "merge": Launch("decode", "split_merge_kernel", _run_decode, table_kernel="merge", also_records=("rotary",)),
+    "append": Launch("decode", "kv_append_kernel", _run_append, table_kernel="append"),
+}
+# the variants each decode kernel is launched in (the FP8 ones: "plain", "causal", "all")
+DECODE_VARIANTS = {
+    "decode": ("plain", "causal", "all") + DECODE_ONLY_VARIANTS,
+    "merge": ("plain", "all", "varlen"),  # (no sinks; sinks; varlen q's output without a batch axis)
+    "append": ("plain", "causal", "all", "dense"),
+}
 LAUNCHES.update(FP8_LAUNCHES)
+LAUNCHES.update(DECODE_LAUNCHES)
 
 
 @dataclass
@@ -365,8 +439,8 @@ def launch_call(job) -> LaunchCall:
     p = Problem.of(job)
     calls: List[LaunchCall] = []
     # (quantize: the FP8 forward's V relayout runs its cast kernel before the launch; recorded, not run)
-    modules = [importlib.import_module(f"fa_amd.kernels.{m}") for m in dict.fromkeys(("launch", "quantize",
-                                                                                        spec.module))]
+    modules = [importlib.import_module(f"fa_amd.kernels.{m}")
+               for m in dict.fromkeys(("launch", "quantize", spec.module) + spec.also_records)]
     hooks = dict(spec.hooks)
     if job.kernel in _DKDV_KERNELS and p.group > 1:  # whole groups per dK/dV program, or one head ("split")
         hooks["backward.DKDV_HEADS_PER_PROGRAM"] = 1 if p.split else p.group
@@ -403,6 +477,11 @@ def launch_config(spec: Launch, call: LaunchCall) -> Dict:
 
     params = set(_kernel(spec).arg_names)
     return {k: v for k, v in call.kwargs.items()
-            if k not in params or k in ("BLOCK_M", "BLOCK_N") or k in KERNEL_SWITCHES}
+            if k not in params or k in TILE_NAMES or k in KERNEL_SWITCHES}
+
+
+# the tile constexprs a launch dict sets: query rows x keys (the attention kernels), new tokens (the
+# cache append's BLOCK_T) and merged rows (the split merge's BLOCK_R) per program
+TILE_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_T", "BLOCK_R")
 
 

@@ -8,6 +8,8 @@ import torch
 from fa_amd import aot, aot_launches
 from fa_amd.tuning import fp8_min_triton
 
+from .test_aot_decode import public_decode_launch, recorded_public_calls
+
 
 def _call(target, kernel, variant="all", d=128, dtype="bf16"):
     job = aot.CompileJob(target, kernel, d, dtype, variant)
@@ -51,41 +53,28 @@ def test_fp8_launches_carry_fp8_types_and_tables():
     assert a["KNew"].dtype == torch.float16 and a["KCache"].dtype == torch.float8_e4m3fn and a["ROTARY"]
 
 
-@pytest.mark.parametrize("kernel", ["fwd_fp8", "decode_fp8", "decode_fp8kv"])
-def test_fp8_aot_signatures_are_the_public_api_launches(kernel):
-    """What the AOT check builds == what flash_attn_varlen_func (FP8 q, k, v) / flash_attn_with_kvcache
-    (FP8 cache) launch for the same problem: every argument's dtype, shape and strides, every constexpr
-    and launch option (recorded on the interpreter's table family, not run)."""
+def test_fp8_forward_aot_signature_is_the_public_api_launch():
+    """What the AOT check builds for the FP8 forward == what flash_attn_varlen_func (FP8 q, k, v)
+    launches for the same problem: every argument's dtype, shape and strides, every constexpr and
+    launch option (recorded on the interpreter's table family, not run)."""
     import fa_amd
     from fa_amd.kernels import decode, forward, launch
 
-    job = aot.CompileJob("cpu", kernel, 40, "bf16", "all")
-    spec = aot.LAUNCHES[kernel]
+    job = aot.CompileJob("cpu", "fwd_fp8", 40, "bf16", "all")
+    spec = aot.LAUNCHES["fwd_fp8"]
     expected = aot.launch_call(job)
     p = aot_launches.Problem.of(job)
     calls = []
     f8 = torch.float8_e4m3fn  # the interpreter's ("cpu") FP8 type
     with aot_launches._as_on("cpu", [launch, forward, decode], {}, calls):
-        if kernel == "fwd_fp8":
-            a = aot_launches._attention_inputs(p)
-            q, k, v = (a[n].to(f8) for n in "qkv")
-            ones = torch.ones(2, k.shape[1])
-            fa_amd.flash_attn_varlen_func(q, k, v, a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"],
-                                          a["max_seqlen_k"], dropout_p=a["dropout_p"], causal=True,
-                                          window_size=(a["window_left"], -1), softcap=a["softcap"],
-                                          alibi_slopes=a["alibi_slopes"], q_descale=ones, k_descale=ones,
-                                          v_descale=ones, out_dtype=torch.bfloat16)
-        else:
-            kw = aot_launches._decode_inputs(p, q_fp8=kernel == "decode_fp8")
-            ones = torch.ones(2, kw["k_cache"].shape[2])
-            new = torch.zeros(2, 1, kw["k_cache"].shape[2], 40, dtype=torch.bfloat16)
-            fa_amd.flash_attn_with_kvcache(
-                kw["q"], kw["k_cache"], kw["v_cache"], new, new, kw["rotary_cos"], kw["rotary_sin"],
-                cache_seqlens=kw["cache_seqlens"], cache_leftpad=kw["cache_leftpad"], block_table=kw["block_table"],
-                softmax_scale=kw["softmax_scale"], causal=True, window_size=(kw["window_left"], -1),
-                softcap=kw["softcap"], alibi_slopes=kw["alibi_slopes"], num_splits=4, sinks=kw["sinks"],
-                k_descale=ones, v_descale=ones, out_dtype=torch.bfloat16,
-                **(dict(q_descale=ones) if kernel == "decode_fp8" else {}))
+        a = aot_launches._attention_inputs(p)
+        q, k, v = (a[n].to(f8) for n in "qkv")
+        ones = torch.ones(2, k.shape[1])
+        fa_amd.flash_attn_varlen_func(q, k, v, a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"],
+                                      a["max_seqlen_k"], dropout_p=a["dropout_p"], causal=True,
+                                      window_size=(a["window_left"], -1), softcap=a["softcap"],
+                                      alibi_slopes=a["alibi_slopes"], q_descale=ones, k_descale=ones,
+                                      v_descale=ones, out_dtype=torch.bfloat16)
     fn = aot._kernel(spec)
 
     def arguments(call):
@@ -96,9 +85,27 @@ def test_fp8_aot_signatures_are_the_public_api_launches(kernel):
     got = [arguments(c) for c in calls if c.kernel == spec.kernel_fn]
     assert len(got) == 1, [c.kernel for c in calls]
     want = arguments(expected)
-    assert want["Q"][0] == (torch.bfloat16 if kernel == "decode_fp8kv" else f8) and "FP8" not in want
+    assert want["Q"][0] == f8 and "FP8" not in want
     assert got[0].keys() == want.keys() == set(fn.arg_names) | set(aot.launch_config(spec, expected))
     assert got[0] == want
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("kernel,variant", [(k, v) for k in ("decode_fp8", "decode_fp8kv", "append_fp8")
+                                            for v in ("plain", "causal", "all")])
+def test_fp8_decode_aot_signatures_are_the_public_api_launches(kernel, variant, monkeypatch):
+    """The same for the FP8 decode kernels: what flash_attn_with_kvcache launches over an FP8 cache
+    (FP8 or bf16 q, bf16 new k/v quantised by the append) for each variant's problem."""
+    def run(p):
+        kw = aot_launches._decode_inputs(p, q_fp8=kernel == "decode_fp8", kv_fp8=True)
+        ones = torch.ones(2, kw["k_cache"].shape[2])
+        public_decode_launch(variant, kw, torch.bfloat16, k_descale=ones, v_descale=ones, out_dtype=torch.bfloat16,
+                             **(dict(q_descale=ones) if kernel == "decode_fp8" else {}))
+
+    got, want = recorded_public_calls(kernel, variant, run, monkeypatch)
+    f8 = torch.float8_e4m3fn  # the interpreter's ("cpu") FP8 type
+    assert want["K" if kernel != "append_fp8" else "KCache"][0] == f8 and want["FP8_MAX"] == 448.0
+    assert got == want
 
 
 def test_fp8_launches_record_without_running_a_kernel():

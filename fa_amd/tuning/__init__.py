@@ -205,7 +205,8 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
     """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
     the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
     KV head) and "fp32" override applied, then for an FP8 KV cache the family's tables.DECODE_FP8
-    override of the row; AMD-only options dropped off HIP.  Memoized (hot path)."""
+    override of the row; each of these dicts with its "triton<X.Y" overrides for the installed triton
+    (decode_entry_config); AMD-only options dropped off HIP.  Memoized (hot path)."""
     key = (arch, head_dim_padded, bool(is_fp32), bool(wide), bool(fp8))
     hit = _DECODE_RESOLVED.get(key)
     if hit is not None:
@@ -215,15 +216,15 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
     out = {}
     for kernel in DECODE_KERNELS:
         entry = row[kernel]
-        cfg = {k: v for k, v in entry.items() if k not in ("wide", "fp32")}
+        cfg = decode_entry_config(entry)
         for name, wanted in (("wide", wide), ("fp32", is_fp32)):
             if wanted and entry.get(name):
-                cfg.update(entry[name])
+                cfg.update(decode_entry_config(entry[name]))
         if fp8 and kernel == "decode":
             fp8_entry = tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {})
-            cfg.update({k: v for k, v in fp8_entry.items() if k != "wide"})
+            cfg.update(decode_entry_config(fp8_entry))
             if wide:
-                cfg.update(fp8_entry.get("wide", {}))
+                cfg.update(decode_entry_config(fp8_entry.get("wide", {})))
         if arch.backend != "hip":
             for opt in HIP_ONLY_OPTIONS:
                 cfg.pop(opt, None)
@@ -232,6 +233,21 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
         out[kernel] = cfg
     _DECODE_RESOLVED[key] = out
     return out
+
+
+_DECODE_CASES = ("wide", "fp32")
+
+
+def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:
+    """A decode table entry (or one of its "wide" / "fp32" / tables.DECODE_FP8 override dicts) without
+    its case overrides, with its "triton<X.Y" overrides whose bound is above the installed triton
+    (`triton_version` overrides it) applied, broadest bound first, as in resolve_entry."""
+    cfg = {k: v for k, v in entry.items() if k not in _DECODE_CASES and k not in tables.TRITON_OVERRIDES}
+    version = triton_version or TRITON_VERSION
+    for name in tables.TRITON_OVERRIDES:
+        if entry.get(name) and version < _triton_bound(name):
+            cfg.update(entry[name])
+    return cfg
 
 
 def get_decode_split_policy(arch: Arch) -> Dict:

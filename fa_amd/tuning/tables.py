@@ -311,21 +311,26 @@ SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic")}
 #   "append": the in-place cache write of new k/v (+ rotary); BLOCK_M = new tokens per program.
 #   "merge": the log-sum-exp merge of the key splits; BLOCK_M = (token, head) rows per program.
 # A "decode" entry may set the kernel switch RELOAD_CHUNK (KERNEL_SWITCHES; q reloaded per key block).
+# Each of these dicts (the "wide" and "fp32" ones too) may carry "triton<X.Y" overrides (TRITON_OVERRIDES:
+# applied first, when the installed triton is older; fa_amd.tuning.decode_entry_config).
 # Starting points, not yet timed on a GPU (.ci/decode_ab.py times the candidates); the AMD rows
-# compile with zero scratch for their targets (checked with the AOT compiler, docs/AOT.md).
+# compile with zero scratch for their targets under every supported triton (`fa-amd compile`'s
+# decode, merge and append kernels, .ci/aot_matrix.py; docs/AOT.md has the figures).
 DECODE_WIDE_ROWS = 16
 _DECODE_TAIL = {"append": {"BLOCK_M": 16, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}
 _DECODE_FP32 = {"BLOCK_N": 32, "num_stages": 1}
 
 
-def _decode_rows(decode64, decode128, decode256, wide, hip=None):
-    """The three head-dim rows of a family: the "decode" entries given, the shared append / merge ones."""
+def _decode_rows(decode64, decode128, decode256, wide, hip=None, fp32=None):
+    """The three head-dim rows of a family: the "decode" entries given with their "wide" and "fp32"
+    overrides by head dim (fp32 default: _DECODE_FP32), the shared append / merge ones."""
     hip = hip or {}
+    fp32 = fp32 or {}
     rows = []
     for d, entry in ((64, decode64), (128, decode128), (256, decode256)):
         decode = dict(entry, **hip)
         decode["wide"] = dict(wide.get(d, {}))
-        decode["fp32"] = dict(_DECODE_FP32)
+        decode["fp32"] = dict(fp32.get(d, _DECODE_FP32))
         rows.append({"head_dim": d, "decode": decode,
                      "append": dict(_DECODE_TAIL["append"], **hip), "merge": dict(_DECODE_TAIL["merge"], **hip)})
     return rows
@@ -333,6 +338,18 @@ def _decode_rows(decode64, decode128, decode256, wide, hip=None):
 
 _WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64}, 256: {"BLOCK_M": 32, "BLOCK_N": 32}}
 _CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+# CDNA under older Tritons (AOT, every decode route, docs/AOT.md "Decode kernels"): their register
+# allocation (64-bit pointer tensors before 3.6) spills the 3.9-fitted rows at d128 and d256 --
+# triton 3.2: 16..464 B in nearly every route; 3.3: the 64x64 wide tile 160 B; 3.4: 8..44 B; 3.6: the
+# Transformers route (per-key mask) 36 B, an SGPR spill slot, at gfx90a d128 and gfx942 d256.  Fixes:
+# 32-key tiles at d128 (and the wide 64x32 tile, one stage) and waves_per_eu 1 (512 registers) at d256,
+# which also cures the SGPR slot; at wpe 2 16x16 tiles still spilled 120 B (gfx942, 3.2).  fp32
+# inputs (twice the registers per element) spilled at d128/d256 under every version, 3.9 included
+# (8..1064 B): waves_per_eu 1 there, and 16-key tiles at d256 (16x32 at wpe 1 still spilled 40..464 B
+# in the per-key-mask route under 3.2).
+_CDNA_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64, "triton<3.5": {"BLOCK_N": 32, "num_stages": 1}},
+              256: {"BLOCK_M": 32, "BLOCK_N": 32}}
+_CDNA_FP32 = {128: dict(_DECODE_FP32, waves_per_eu=1), 256: dict(_DECODE_FP32, BLOCK_N=16, waves_per_eu=1)}
 DECODE_TABLES = {
     # interpreter: tiny tiles, so CPU tests cross key blocks and pages on short caches
     "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -345,25 +362,39 @@ DECODE_TABLES = {
                          {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                          {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, _WIDE),
     "gfx942": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE,
-                           dict(_CDNA, kpack=2)),
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+                            "triton<3.5": {"BLOCK_N": 32}},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, dict(_CDNA, kpack=2), _CDNA_FP32),
     "gfx950": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
-    "gfx90a": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
-                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
-                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
-    "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+                            "triton<3.5": {"BLOCK_N": 32}},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
+    # (d64 and d128 at 32 keys up to 3.6: 16x64 left the 36 B SGPR slot of the per-key-mask route in 3.6)
+    "gfx90a": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"BLOCK_N": 32}},
+                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"BLOCK_N": 32}},
+                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
+    "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                            "triton<3.7": {"BLOCK_N": 32}},
                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-                           {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, _WIDE, _CDNA),
+                           {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
+                            "triton<3.4": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
     # RDNA3: q streamed in 32-column chunks (RELOAD_CHUNK, as the prefill rows do); with q and K
-    # resident every tile spilled (AOT: 12..1208 B scratch at 16x16..16x64, 4 or 8 warps)
+    # resident every tile spilled (AOT: 12..1208 B scratch at 16x16..16x64, 4 or 8 warps).  fp32 inputs
+    # (no fp32 WMMA: FMA dots, which hold a whole reduction slice per thread) spilled 164..3180 B at these
+    # tiles under 3.6 and 3.9; 16x16 tiles with q resident (RELOAD_CHUNK 0) and 8 (d64) / 16 (d128) warps
+    # build clean; d256 still spills at every tile tried (aot.KNOWN_SCRATCH, docs/AOT.md).
     "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
                             {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
                             {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "RELOAD_CHUNK": 32},
                             {64: {"BLOCK_M": 32}, 128: {"BLOCK_M": 32}, 256: {"BLOCK_M": 32, "BLOCK_N": 16}},
-                            {"waves_per_eu": 0}),
+                            {"waves_per_eu": 0},
+                            {d: {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8 if d == 64 else 16, "num_stages": 1,
+                                 "RELOAD_CHUNK": 0} for d in (64, 128, 256)}),
 }
 
 # FP8 KV caches (fa_amd.fp8, kernels/decode.py): overrides of the "decode" entry, per family and
