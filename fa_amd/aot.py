@@ -83,7 +83,7 @@ def sweep_dtypes(kernel: str) -> tuple:
 # The gfx1100 training-kernel rows that spilled (every d128 backward and d256 kernel, the d64
 # atomic-dQ dK/dV) run the reloading kernels (RELOAD_CHUNK) since 2026-11, with zero scratch
 # (docs/AOT.md).  Left: fp32 decode at d256 on RDNA3, whose dots are FMA loops (no fp32 WMMA):
-# 856..880 B under triton 3.6 at the row's 16x16 tile with 16 warps, more at every other tile tried
+# 848..932 B under triton 3.6 (every route) at the row's 16x16 tile with 16 warps, more at every other tile tried
 # (up to 16x32, 4 to 16 warps, RELOAD_CHUNK 0/16/32; tables.py, "gfx1100" decode rows).
 KNOWN_SCRATCH: Dict[tuple, str] = {
     ("gfx1100", "decode", 256, "fp32"): "fp32 decode, d256, RDNA3 (FMA dots): spills at every tile tried "
