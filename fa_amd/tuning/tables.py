@@ -164,11 +164,14 @@ TABLES = {
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
+                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2, "triton<3.4": {"DKDV_SPLIT": 1}},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
     ],
     # CDNA3+ (MI350): 160 KiB LDS; kpack is a no-op there, so it is left out.
+    # d256 dK/dV (here, gfx942, gfx90a): triton 3.2 spilled 132..348 B at 16x32 with both VGPR and AGPR
+    # files full; dK and dV in separate programs (DKDV_SPLIT) build clean under 3.2 / 3.3 (gfx90a 3.2 also
+    # with 16-key tiles), but spill ~1 KB under 3.4, where the plain kernel is clean: "triton<3.4"
     "gfx950": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
@@ -190,7 +193,7 @@ TABLES = {
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.4": {"DKDV_SPLIT": 1}},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
     ],
@@ -215,7 +218,8 @@ TABLES = {
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.4": {"DKDV_SPLIT": 1},
+                  "triton<3.3": {"BLOCK_N": 16}},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
     ],
@@ -271,8 +275,10 @@ TABLES = {
                  # triton 3.6 spills 52 B here with all features (NaN flags, sinks); BLOCK_N 16 is spill-free
                  "triton<3.7": {"BLOCK_N": 16}},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         # atomic-dQ dK/dV d256: 308 B (3.9) / 16 B (3.6) with dK and dV in one program; split: 0 B under
+         # 3.9 but 2.1 KB under 3.6, where one program at 16 warps is clean (AOT, all/split/causal)
          "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
-                         "RELOAD_CHUNK": 32},
+                         "RELOAD_CHUNK": 32, "DKDV_SPLIT": 1, "triton<3.7": {"DKDV_SPLIT": 0, "num_warps": 16}},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32}},
     ],
 }
