@@ -151,11 +151,11 @@ TABLES = {
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
         # triton 3.5 / 3.6 spill the all-features fwd at 2 stages (80 / 36 B); 1 stage: zero (docs/AOT.md);
-        # triton 3.2 also spills the causal one at 1 stage (68 B): 128x32 there
+        # triton 3.2 / 3.3 also spill the causal one at 1 stage (68 B): 128x32 there
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2, "triton<3.7": {"num_stages": 1},
-                 "triton<3.3": {"BLOCK_N": 32}},
+                 "triton<3.4": {"BLOCK_N": 32}},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
@@ -180,11 +180,12 @@ TABLES = {
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
-        # triton 3.4 / 3.5 spill the all-features fwd at 2 stages (164 / 8 B); 1 stage: zero (docs/AOT.md)
+        # triton 3.4 / 3.5 spill the all-features fwd at 2 stages (164 / 8 B); 1 stage: zero (docs/AOT.md);
+        # triton 3.3 spills the causal one at 1 stage (68 B): 128x32 there
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "triton<3.6": {"num_stages": 1},
-                 "fp8": _GFX950_FP8},
+                 "triton<3.4": {"BLOCK_N": 32}, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
