@@ -644,10 +644,12 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
 
     Decode is host-bound at small batches: the common call (dense or paged cache, with or without a
-    per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized _DecodePlan and only allocates and launches.
+    per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized
+    _DecodePlan and only allocates and launches.
     """
     plan_key = None
-    if rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
+    if (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None
+            and seqused_k is None):
         plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
                     v_cache.stride(), k_cache.dtype,
                     None if block_table is None else (block_table.shape, block_table.stride()),
