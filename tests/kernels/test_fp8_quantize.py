@@ -163,3 +163,9 @@ def test_fp8_override_refines_per_case():
     assert resolved(fp8=True) == (64, 128, 4, 3)
     assert resolved(fp8=True, causal=True) == (64, 128, 4, 2)
     assert resolved(fp8=True, causal=True, short=True) == (64, 128, 4, 4)
+
+
+def test_quantize_refuses_a_non_fp8_dtype(device):
+    x = _fresh(1, 5, 2, 16, device=device)
+    with pytest.raises(TypeError, match="fp8_dtype must be a torch FP8 dtype"):
+        fp8_mod.quantize_fp8(x, torch.float16)
