@@ -371,9 +371,9 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
 
 
 def tune_candidate_jobs(targets, head_dims=(64, 128, 256)) -> List[CompileJob]:
-    """Every launch config `fa-amd tune` may time (fa_amd.autotune.candidates, the default excepted),
+    """Every launch config `fa-amd tune` may time (fa_amd.tuning.candidates, the default excepted),
     per target, tuned kernel and head-dim class, with all features on (bf16; fp16 on gfx908)."""
-    from .autotune import candidates
+    from .tuning.candidates import candidates
 
     jobs = []
     for t in targets:
@@ -384,6 +384,45 @@ def tune_candidate_jobs(targets, head_dims=(64, 128, 256)) -> List[CompileJob]:
                     jobs += [CompileJob(t, kernel, d, dtype, "all", config=cfg)
                              for cfg in candidates(_arch_of(t), kernel, default_config(t, kernel, d, True), d)[1:]]
     return jobs
+
+
+def target_of(arch) -> Optional[str]:
+    """The AOT target that builds what runs on `arch` (a GPU's fa_amd.arch.Arch): its own name, else
+    its table family's; None if neither is a target here."""
+    from .tuning import family_of
+
+    return next((t for t in (arch.name, family_of(arch)) if t in TARGETS), None)
+
+
+# the feature extremes a tune candidate must build spill-free in: the allocator is not monotone in
+# features (a config can spill plain and not with everything on, or the reverse)
+SCREEN_VARIANTS = ("all", "plain")
+
+
+def screen_configs(target: str, kernel: str, head_dim: int, dtype: str, configs: List[Dict],
+                   workers: Optional[int] = None) -> List[Optional[str]]:
+    """Why each launch config (configs[0]: the table's) may not run as `kernel`'s row on `target` under
+    the installed triton, None where it may: every SCREEN_VARIANTS build must compile, and on AMD spill
+    no more scratch than configs[0] does (zero wherever the table's row is spill-free, which the AOT
+    check holds on CDNA under every supported triton).  `fa-amd tune` times only the configs this
+    passes, so no tuned row compiles worse than the table's."""
+    jobs = [CompileJob(target, kernel, head_dim, dtype, v, config=dict(cfg)) for cfg in configs
+            for v in SCREEN_VARIANTS]
+    results = run_jobs(jobs, max(1, min(len(jobs), workers or os.cpu_count() or 1)))
+    per_config = [results[i:i + len(SCREEN_VARIANTS)] for i in range(0, len(results), len(SCREEN_VARIANTS))]
+    allowed = {r.variant: (r.scratch_bytes or 0) for r in per_config[0] if r.error is None}
+    reasons = []
+    for rows in per_config:
+        why = None
+        for r in rows:
+            if r.error is not None:
+                why = f"does not compile ({r.variant.split('-')[-1]}): {' '.join(r.error.split())[:300]}"
+            elif r.is_hip and (r.scratch_bytes or 0) > allowed.get(r.variant, 0):
+                why = f"spills {r.scratch_bytes} B of scratch ({r.variant.split('-')[-1]})"
+            if why:
+                break
+        reasons.append(why)
+    return reasons
 
 
 def compile_options(cfg: Dict) -> Dict:
@@ -769,7 +808,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="with --full: head dims")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
-                             "fail, scratch is reported: the tuner times candidates and keeps the fastest)")
+                             "fail, scratch is reported: the tuner itself skips any candidate that spills more than the table's "
+                             "row, screen_configs)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
     parser.add_argument("--from-json", metavar="PATH", help="do not compile; print the tables of an earlier --json")
@@ -827,7 +867,7 @@ def run_cli(args) -> int:
 
     results = run_jobs(jobs, args.jobs, progress, fresh_cache=args.fresh_cache)
     wall = time.perf_counter() - start
-    if args.tune_candidates:  # a spilling candidate is slow, not wrong: the tuner's timing drops it
+    if args.tune_candidates:  # a spilling candidate is never timed: the tuner screens them (screen_configs)
         spilling = [r for r in results if r.error is None and r.scratch_bytes]
         print(f"{len(spilling)} of {len(results)} tune candidates spill (reported, not fatal)")
     if args.full:

@@ -10,6 +10,10 @@ Who tunes:
 Each candidate is timed with triton.testing.do_bench and must reproduce the
 default config's output; a candidate that fails to compile or launch (e.g.
 OutOfResources) or disagrees is skipped, so no tuning error reaches the caller.
+On AMD a candidate is timed only if the AOT check (fa_amd.aot.screen_configs) builds it
+with every feature on and plain, under the installed triton, with no more scratch than
+the table's row (zero on CDNA): so every config tune can choose is spill-free where the
+table's is, on the user's own triton.
 
 It launches kernels, so it sits above fa_amd.kernels (as bench and aot do); the
 kernels only read tables.
@@ -17,7 +21,6 @@ kernels only read tables.
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 import threading
 import time
@@ -25,87 +28,13 @@ import warnings
 from typing import Dict, List, Optional
 
 from .tuning import family_of, tuned_table
-from .tuning.tables import HIP_ONLY_OPTIONS, KERNEL_SWITCHES, OVERRIDES, TABLES
+from .tuning.candidates import _strip_for, candidates, max_candidates
+from .tuning.tables import TABLES
 from .tuning.tuned_table import (AUTOTUNE_ENV, OPTIONAL_KERNELS, ROW_KERNELS, _read_file, autotune_enabled,
                                  merge_rows, save_tuned_rows, tuned_table_path)
 
 __all__ = ["AUTOTUNE_ENV", "OPTIONAL_KERNELS", "ROW_KERNELS", "candidates", "ensure_tuned", "max_candidates",
            "tune_head_dim", "tuned_table_path", "save_tuned_rows"]
-
-
-# --------------------------------------------------------------------------- candidates
-
-def _strip_for(arch, cfg: Dict) -> Dict:
-    cfg = {k: v for k, v in cfg.items() if k not in OVERRIDES}
-    if arch.backend != "hip":
-        for key in HIP_ONLY_OPTIONS:
-            cfg.pop(key, None)
-    elif not arch.name.startswith("gfx94"):
-        cfg.pop("kpack", None)  # kpack only means something on CDNA3 (gfx942)
-    if arch.backend == "hip" and arch.name.startswith("gfx1"):
-        cfg.pop("matrix_instr_nonkdim", None)  # RDNA has WMMA, no MFMA shapes
-        cfg.pop("kpack", None)
-    return cfg
-
-
-def candidates(arch, kernel: str, default: Dict, head_dim_padded: int) -> List[Dict]:
-    """A small per-arch list of launch dicts around the default one (default first)."""
-    if kernel == "fwd":
-        tiles = [(128, 64), (128, 32), (64, 64), (64, 32), (128, 128)]
-    elif kernel in ("dkdv", "dkdv_atomic"):
-        tiles = [(32, 128), (32, 64), (16, 64), (64, 64), (16, 128)]
-    else:
-        tiles = [(128, 32), (64, 32), (64, 16), (64, 64), (128, 64)]
-    if head_dim_padded >= 256:  # twice the registers per row: drop the largest tiles
-        tiles = [(m, n) for m, n in tiles if m * n <= 64 * 64]
-    warps = (4, 8)
-    if arch.backend == "hip":
-        stages = (1, 2)
-        extra = [{"waves_per_eu": w} for w in (1, 2)]
-        if not arch.name.startswith("gfx1"):
-            extra = [dict(e, matrix_instr_nonkdim=16) for e in extra] + [{"waves_per_eu": 1, "matrix_instr_nonkdim": 32}]
-        if arch.name.startswith("gfx94"):
-            extra = [dict(e, kpack=2) for e in extra]
-    else:
-        stages = (2, 3)
-        extra = [{}]
-    out = [_strip_for(arch, default)]
-    # kernel switches (RELOAD_CHUNK) pick the kernel variant the row was built for: every
-    # candidate keeps the default's, and a row that sets one also tries its other values
-    switches = {k: default[k] for k in KERNEL_SWITCHES if k in default}
-
-    def add(cfg):
-        cfg = _strip_for(arch, cfg)
-        if cfg not in out:
-            out.append(cfg)
-
-    # most informative first (the list is capped): other tiles at the default's
-    # options, then other options at the default tile, then everything else
-    for bm, bn in tiles:
-        add(dict(default, BLOCK_M=bm, BLOCK_N=bn))
-    if kernel in ("dkdv", "dkdv_atomic") and head_dim_padded >= 256:
-        # dK and dV in separate programs, one accumulator each (DKDV_SPLIT): the register-bound d256 rows
-        # can then take 2-4x the keys per program (docs/TUNING_NOTES.md v9)
-        for bm, bn in ((16, 64), (16, 128), (32, 64)):
-            add(dict(default, BLOCK_M=bm, BLOCK_N=bn, DKDV_SPLIT=1))
-    if switches.get("RELOAD_CHUNK"):
-        for chunk in (0, 32, 64):  # 0: the resident-operand kernel
-            add(dict(default, RELOAD_CHUNK=chunk))
-    for nw in warps:
-        for ns in stages:
-            for e in extra:
-                add(dict(BLOCK_M=default["BLOCK_M"], BLOCK_N=default["BLOCK_N"], num_warps=nw, num_stages=ns, **e,
-                         **switches))
-    for bm, bn in tiles:
-        for nw in warps:
-            for ns in stages:
-                for e in extra:
-                    add(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=ns, **e, **switches))
-    return out[:1 + max_candidates()]
-
-
-def max_candidates() -> int:
-    return int(os.environ.get("FA_AMD_AUTOTUNE_MAX_CANDIDATES", "24"))
 
 
 # --------------------------------------------------------------------------- tuning
@@ -173,6 +102,30 @@ def _time_candidate(fn, check, reps_ms: int) -> Optional[float]:
         return None
 
 
+def _compilable(arch, kernel: str, cfgs: List[Dict], head_dim_padded: int, dtype, log) -> List[Dict]:
+    """On AMD, the candidates (cfgs[0]: the table's) that the AOT check (fa_amd.aot.screen_configs)
+    builds with every feature on and plain, under this triton, with no more scratch than the table's
+    row: a spilling config can time fastest on the plain benchmark problem and then spill in the
+    feature-laden calls it is used for.  Rejected ones are logged; the table's row always stays."""
+    if arch.backend != "hip":
+        return cfgs
+    import torch
+
+    from . import aot
+
+    target = aot.target_of(arch)
+    if target is None:
+        _warn_once(("screen", arch.name), f"fa_amd: no AOT target builds {arch.name}'s kernels, so tune candidates "
+                                          "cannot be checked for spills; keeping the table rows")
+        return cfgs[:1]
+    name = "fp16" if dtype == torch.float16 else "bf16"
+    reasons = aot.screen_configs(target, kernel, head_dim_padded, name, cfgs)
+    for cfg, why in zip(cfgs[1:], reasons[1:]):
+        if why:
+            log(f"  {kernel} {cfg}: skipped ({why})")
+    return cfgs[:1] + [cfg for cfg, why in zip(cfgs[1:], reasons[1:]) if why is None]
+
+
 def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool = False, dtype=None,
                   rep_ms: int = 50, log=None) -> dict:
     """Tune the (fwd, dkdv, dq) row for one head-dim class on the current GPU; returns the row."""
@@ -202,7 +155,8 @@ def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool =
         base["dkdv_atomic"] = _strip_for(arch, default_row.get("dkdv_atomic") or default_row["dkdv"])
         for kernel in kernels:
             results = []
-            for cfg in candidates(arch, kernel, base[kernel], head_dim_padded):
+            for cfg in _compilable(arch, kernel, candidates(arch, kernel, base[kernel], head_dim_padded),
+                                   head_dim_padded, dtype, log):
                 row = dict(base, **{k: best[k] for k in best if k in kernels})
                 row[kernel] = cfg
                 install(row)

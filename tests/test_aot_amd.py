@@ -275,6 +275,17 @@ def test_compile_heaviest_variants(tmp_path):
     print(f"\nAOT compile check: {len(payload['results'])} variants in {payload['wall_seconds']:.0f} s wall")
 
 
+def test_screen_rejects_spilling_and_broken_tune_candidates():
+    """What `fa-amd tune` may time on gfx942 (aot.screen_configs): the table's row passes, a 256-row
+    forward tile (spills with every feature on) and a 48-row one (not a power of two: no compile) do not."""
+    table = aot.default_config("gfx942", "fwd", 128, False)
+    reasons = aot.screen_configs("gfx942", "fwd", 128, "bf16",
+                                 [table, dict(table, BLOCK_M=256), dict(table, BLOCK_M=48)], workers=2)
+    assert reasons[0] is None, reasons
+    assert reasons[1] and reasons[1].startswith("spills"), reasons
+    assert reasons[2] and reasons[2].startswith("does not compile"), reasons
+
+
 @pytest.mark.skipif(not FULL, reason="full AOT sweep is opt-in: FA_AMD_AOT_FULL=1")
 def test_compile_full_sweep(tmp_path):
     res, payload = _run_compile(tmp_path, "--full")

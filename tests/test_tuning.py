@@ -220,3 +220,31 @@ def test_short_override_is_table_data(monkeypatch):
              "causal": {"BLOCK_N": 64}, "short": {"BLOCK_N": 32, "num_stages": 2}, "fp32": {"num_stages": 1}}
     assert resolve_entry(entry, is_fp32=True, causal=True, short=True)["BLOCK_N"] == 32
     assert resolve_entry(entry, is_fp32=True, short=True)["num_stages"] == 1
+
+
+def test_tuner_times_only_candidates_the_aot_check_passes(monkeypatch):
+    """On AMD the tuner asks the AOT check (aot.screen_configs) first: a candidate that spills or does
+    not compile under the installed triton is never timed, so it can never become a tuned row; the
+    table's row (first) always stays.  Off AMD nothing is screened."""
+    from fa_amd import aot
+
+    cfgs = [{"BLOCK_M": 64}, {"BLOCK_M": 128}, {"BLOCK_M": 256}, {"BLOCK_M": 32}]
+    asked = []
+
+    def screen(target, kernel, head_dim, dtype, configs, workers=None):
+        asked.append((target, kernel, head_dim, dtype, len(configs)))
+        return [None, "spills 36 B of scratch (all)", "does not compile (plain): boom", None]
+
+    monkeypatch.setattr(aot, "screen_configs", screen)
+    logged = []
+    import torch
+
+    kept = autotune._compilable(GFX942, "fwd", cfgs, 128, torch.bfloat16, logged.append)
+    assert kept == [cfgs[0], cfgs[3]]
+    assert asked == [("gfx942", "fwd", 128, "bf16", 4)]
+    assert any("spills 36 B" in m for m in logged) and any("does not compile" in m for m in logged)
+    # an RDNA part without its own target builds as its family's (gfx1100 rows)
+    autotune._compilable(Arch("hip", "gfx1103", 32), "dq", cfgs, 256, torch.float16, logged.append)
+    assert asked[-1][:4] == ("gfx1100", "dq", 256, "fp16")
+    assert autotune._compilable(SM90, "fwd", cfgs, 128, torch.bfloat16, logged.append) == cfgs
+    assert len(asked) == 2
