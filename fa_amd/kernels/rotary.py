@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from . import launch as launch_plumbing
-from ..arch import INTERPRET, check_interpreter_supported, cpu_without_interpreter_message
+from ..arch import INTERPRET, arch_for, check_interpreter_supported, cpu_without_interpreter_message
+from ..tuning import rotary_config
 from .launch import next_power_of_2
 
 # ---------------------------------------------------------------------------
@@ -147,9 +148,6 @@ def _rotary_kernel(
 # Plain launchers
 # ---------------------------------------------------------------------------
 
-_MAX_TILE = 8192  # elements per program (rows x half)
-
-
 def _fake_like(x: torch.Tensor) -> torch.Tensor:
     # same layout as x when x is dense (e.g. a transposed view), else contiguous
     out = torch.empty_like(x)
@@ -245,7 +243,8 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
     block_h = next_power_of_2(n_heads)
     block_pass = next_power_of_2(n_pass) if n_pass > 0 else 0
     width = max(block_half, block_pass)
-    block_s = max(1, min(next_power_of_2(seqlen), _MAX_TILE // (block_h * width)))
+    max_tile = rotary_config(arch_for(x))["MAX_TILE"]  # elements per program (rows x half): table data
+    block_s = max(1, min(next_power_of_2(seqlen), max_tile // (block_h * width)))
     grid = (triton.cdiv(seqlen, block_s), batch)
     token_axis = 0 if varlen else 1
     _rotary_kernel[grid](

@@ -283,3 +283,9 @@ def fp8_quantize_config(arch: Arch) -> Dict:
     """Launch settings of the FP8 quantisation kernels (tables.FP8_QUANTIZE: by arch name, then
     family, then "default")."""
     return _by_arch(tables.FP8_QUANTIZE, arch, tables.FP8_QUANTIZE["default"])
+
+
+def rotary_config(arch: Arch) -> Dict:
+    """Launch settings of the fused RoPE kernel (tables.ROTARY_TILE: by arch name, then family, then
+    "default")."""
+    return _by_arch(tables.ROTARY_TILE, arch, tables.ROTARY_TILE["default"])

@@ -119,11 +119,18 @@ TABLES = {
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
-        # fwd 128x64/w8/s2 437 (causal s4k) vs 64x64/w8/s2 229; dK/dV 32x64/w8/s2 155 vs s1 97
+        # fwd 128x64/w8/s2 437 (causal s4k) vs 64x64/w8/s2 229.  dK/dV: dK and dV in separate programs
+        # (DKDV_SPLIT) at 32x128/w8/s2 with the dQ programs (128x32/w8/s2) fused into the launch
+        # (.ci/d256_ab.py, 3 interleaved rounds, 2026-11-23, fwd+bwd TFLOP/s): full 1k 302 vs the previous
+        # row (32x64/w8/s2 unsplit, dQ 64x32/w8/s1 in a second launch) 152, split 16x128 246, SDPA FA2 218;
+        # full 16k 346 vs 158 (FA2 280); causal 4k 296 vs 153 (FA2 230); causal 16k 330 vs 171 (FA2 266).
+        # fp32 inputs keep the previous row (the split tiles' shared memory is sized for 16-bit operands).
         {"head_dim": 256,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "fp32": _FP32_HALF_N},
-         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-         "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}},
+         "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "DKDV_SPLIT": 1,
+                  "fp32": {"BLOCK_N": 64, "DKDV_SPLIT": 0}},
+         "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2,
+                "fp32": {"BLOCK_M": 64, "num_stages": 1}}},
     ],
     "sm80": [
         {"head_dim": 64,
@@ -139,6 +146,10 @@ TABLES = {
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
     ],
+    # _ATOMIC_DKDV_NOTE: the atomic-dQ dK/dV kernel (deterministic=False) has its own d64 / d128 entries on
+    # gfx942 and gfx950: at the dK/dV tiles (32x128, 32x64) it spilled under triton 3.2 in fp16 (16..144 B,
+    # d64/d80/d128 "all" / "split"), gfx942 also under 3.4 (d80 bf16 "split", 8 B) and 3.9 (d128 fp16 "all",
+    # 24 B): the full AOT sweep, docs/AOT.md.  32x64 (d64) and 16x64 (d128) build clean with room to spare.
     # CDNA3 (MI300): 64-wide waves, 512 VGPRs incl. AGPRs, 64 KiB LDS.
     # fwd rows use waves_per_eu=1 on every CDNA family: at 2 the register budget
     # halves to 256 and the all-features fwd kernel spills (docs/AOT.md).
@@ -148,6 +159,9 @@ TABLES = {
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
+         # atomic-dQ dK/dV (_ATOMIC_DKDV_NOTE): 32x64
+         "dkdv_atomic": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                         "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
         # triton 3.5 / 3.6 spill the all-features fwd at 2 stages (80 / 36 B); 1 stage: zero (docs/AOT.md);
@@ -158,6 +172,9 @@ TABLES = {
                  "triton<3.4": {"BLOCK_N": 32}},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
+         # atomic-dQ dK/dV (_ATOMIC_DKDV_NOTE): 16x64
+         "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                         "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "kpack": 2}},
         {"head_dim": 256,
@@ -178,6 +195,8 @@ TABLES = {
                  "waves_per_eu": 1, "matrix_instr_nonkdim": 16, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+         "dkdv_atomic": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                         "waves_per_eu": 1, "matrix_instr_nonkdim": 16},  # _ATOMIC_DKDV_NOTE
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         # triton 3.4 / 3.5 spill the all-features fwd at 2 stages (164 / 8 B); 1 stage: zero (docs/AOT.md);
@@ -188,6 +207,8 @@ TABLES = {
                  "triton<3.4": {"BLOCK_N": 32}, "fp8": _GFX950_FP8},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                   "waves_per_eu": 1, "matrix_instr_nonkdim": 16},
+         "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
+                         "waves_per_eu": 1, "matrix_instr_nonkdim": 16},  # _ATOMIC_DKDV_NOTE
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                 "waves_per_eu": 1, "matrix_instr_nonkdim": 16}},
         {"head_dim": 256,
@@ -265,11 +286,13 @@ TABLES = {
          "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
                          "RELOAD_CHUNK": 32},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32}},
+        # fwd 64x16 and atomic-dQ dK/dV RELOAD_CHUNK 16: at 64x32 / chunk 32 the d80 builds (this row,
+        # head-dim masks) spilled 36 B (fwd "all", triton 3.6 and 3.9) and 8 B (atomic "split", 3.9)
         {"head_dim": 128,
-         "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
+         "fwd": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32},
          "dkdv_atomic": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0,
-                         "RELOAD_CHUNK": 32},
+                         "RELOAD_CHUNK": 16},
          "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 16}},
         {"head_dim": 256,
          "fwd": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 0, "RELOAD_CHUNK": 32,
@@ -473,6 +496,14 @@ COMPILED_LAUNCH = {"args": "all", "triton<3.3": {"args": "runtime"}}
 # MAX_SPLITS programs per (sequence, head) (each walks every MAX_SPLITS-th block), num_warps.  Both
 # passes are memory-bound: 8192-element blocks (16 KB of bf16) keep enough bytes in flight per SM.
 # "cpu": tiny blocks and two splits, so the interpreter tests walk several blocks per program.
+# The fused RoPE kernel (kernels/rotary.py): elements per program (token rows x heads x half the
+# rotary dim, padded).  gfx1100 (wave32: half the lanes of a wave64 program) spilled 220-256 B in the
+# d80 rotate-half build at 8192 under triton 3.6 (AOT full sweep); 4096: zero, 161 VGPRs.
+ROTARY_TILE = {
+    "default": {"MAX_TILE": 8192},
+    "gfx1100": {"MAX_TILE": 4096},
+}
+
 FP8_QUANTIZE = {
     "default": {"BLOCK_ELEMENTS": 8192, "MAX_SPLITS": 64, "num_warps": 4},
     "cpu": {"BLOCK_ELEMENTS": 128, "MAX_SPLITS": 2, "num_warps": 4},
