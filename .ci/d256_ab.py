@@ -5,8 +5,10 @@ Rows: d256 full 1k / full 16k / causal 4k / causal 16k (b*s = 16k tokens, 8 head
 padded to the d256 row) and d96 (21 heads, padded to the d128 row) full 1k / causal 4k.  Variants
 change only the sm90 d256 table row (so d96 rows run the table alone):
 
-  table          the current row: dK/dV 32x64/w8/s2 (255 regs, 384 B ptxas stack on sm90), dQ
+  table          the current row (split32 since 2026-11-23)
+  old-table      the row before: dK/dV 32x64/w8/s2 (255 regs, 384 B ptxas stack on sm90), dQ
                  64x32/w8/s1 in a second launch
+  split32-dq64   split32 with dQ 64x32/w8/s2 (fused); split32-sep: its dQ in a second launch
   table-dq128    the same dK/dV with dQ 128x32/w8/s2 (230 regs, no stack), fused into its launch
   split16        DKDV_SPLIT=1: dK and dV in separate programs, 16x128/w8/s2 (252 regs, no stack,
                  with the fused dQ 128x32/w8/s2 programs), one launch
@@ -52,6 +54,12 @@ W8S2 = {"num_warps": 8, "num_stages": 2}
 # name -> (dQ mode override or None, "dkdv" entry changes, "dq" entry changes) of the sm90 d256 row
 ALL_VARIANTS = {
     "table": (None, {}, {}),
+    # the row before 2026-11-23's switch to split32 (dK/dV 32x64 unsplit, dQ 64x32/w8/s1 in a second launch)
+    "old-table": (None, dict(BLOCK_M=32, BLOCK_N=64, DKDV_SPLIT=0, **W8S2), dict(BLOCK_M=64, BLOCK_N=32, num_warps=8,
+                                                                            num_stages=1)),
+    "split32-dq64": (None, dict(BLOCK_M=32, BLOCK_N=128, DKDV_SPLIT=1, **W8S2), dict(BLOCK_M=64, BLOCK_N=32, **W8S2)),
+    "split32-sep": ("separate", dict(BLOCK_M=32, BLOCK_N=128, DKDV_SPLIT=1, **W8S2),
+                    dict(BLOCK_M=128, BLOCK_N=32, **W8S2)),
     "table-dq128": (None, {}, dict(BLOCK_M=128, BLOCK_N=32, **W8S2)),
     "split16": (None, dict(BLOCK_M=16, BLOCK_N=128, DKDV_SPLIT=1, **W8S2), dict(BLOCK_M=128, BLOCK_N=32, **W8S2)),
     "split32": (None, dict(BLOCK_M=32, BLOCK_N=128, DKDV_SPLIT=1, **W8S2), dict(BLOCK_M=128, BLOCK_N=32, **W8S2)),
@@ -79,7 +87,7 @@ ROWS = [dense(256, 1024, False), dense(256, 16384, False), dense(256, 4096, True
 ROWS = list({r.label: r for r in ROWS
              if not os.environ.get("HEAD_DIMS") or str(r.head_dim) in os.environ["HEAD_DIMS"].split(",")}.values())
 # d192 runs on the d256 row too, but only the front-runners (fewer kernels to compile)
-D192_VARIANTS = ("table", "split16", "split32")
+D192_VARIANTS = ("table", "old-table", "split32", "split32-dq64", "split32-sep")
 
 
 def variants_for(shape):
