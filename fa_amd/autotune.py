@@ -112,18 +112,21 @@ def _compilable(arch, kernel: str, cfgs: List[Dict], head_dim_padded: int, dtype
     import torch
 
     from . import aot
+    from .aot_launches import _TORCH_DTYPES
 
     target = aot.target_of(arch)
     if target is None:
         _warn_once(("screen", arch.name), f"fa_amd: no AOT target builds {arch.name}'s kernels, so tune candidates "
                                           "cannot be checked for spills; keeping the table rows")
         return cfgs[:1]
-    name = "fp16" if dtype == torch.float16 else "bf16"
-    reasons = aot.screen_configs(target, kernel, head_dim_padded, name, cfgs)
-    for cfg, why in zip(cfgs[1:], reasons[1:]):
+    name = next(short for short, full in _TORCH_DTYPES.items() if getattr(torch, full) == dtype)
+    kept = cfgs[:1]
+    for cfg, why in zip(cfgs[1:], aot.screen_configs(target, kernel, head_dim_padded, name, cfgs)[1:]):
         if why:
             log(f"  {kernel} {cfg}: skipped ({why})")
-    return cfgs[:1] + [cfg for cfg, why in zip(cfgs[1:], reasons[1:]) if why is None]
+        else:
+            kept.append(cfg)
+    return kept
 
 
 def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool = False, dtype=None,
