@@ -382,6 +382,12 @@ _CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
 _CDNA_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64, "triton<3.5": {"BLOCK_N": 32, "num_stages": 1}},
               256: {"BLOCK_M": 32, "BLOCK_N": 32}}
 _CDNA_FP32 = {128: dict(_DECODE_FP32, waves_per_eu=1), 256: dict(_DECODE_FP32, BLOCK_N=16, waves_per_eu=1)}
+# MI300 (gfx942) and MI350 (gfx950) decode tiles, d64 / d128 / d256 (the same AOT results on both)
+_CDNA3_DECODE_TILES = (
+    {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "triton<3.5": {"BLOCK_N": 32}},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "triton<3.7": {"waves_per_eu": 1}},
+)
 DECODE_TABLES = {
     # interpreter: tiny tiles, so CPU tests cross key blocks and pages on short caches
     "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
@@ -393,16 +399,8 @@ DECODE_TABLES = {
     "sm80": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                          {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                          {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, _WIDE),
-    "gfx942": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                            "triton<3.5": {"BLOCK_N": 32}},
-                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, dict(_CDNA, kpack=2), _CDNA_FP32),
-    "gfx950": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                           {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
-                            "triton<3.5": {"BLOCK_N": 32}},
-                           {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
+    "gfx942": _decode_rows(*_CDNA3_DECODE_TILES, _CDNA_WIDE, dict(_CDNA, kpack=2), _CDNA_FP32),
+    "gfx950": _decode_rows(*_CDNA3_DECODE_TILES, _CDNA_WIDE, _CDNA, _CDNA_FP32),
     # (d64 and d128 at 32 keys up to 3.6: 16x64 left the 36 B SGPR slot of the per-key-mask route in 3.6)
     "gfx90a": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                             "triton<3.7": {"BLOCK_N": 32}},
