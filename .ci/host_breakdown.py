@@ -5,6 +5,8 @@ thread, a bare autograd.Function around them, and the public API (docs/TUNING_NO
 appeared between the launchers and the Function).
 
     python .ci/host_breakdown.py          # on the GPU machine (`.ci/gpu host`)
+    python .ci/host_breakdown.py --profile  # also: cProfile of the public API's calls (top functions by own
+                                            # time) and the launches / CUDA API calls per call (torch.profiler)
     python .ci/host_breakdown.py --cpu    # here: kernels stubbed out (no launch at all), the sm90 tables,
                                           # small CPU tensors: the Python/autograd glue alone (v9)
 """
@@ -98,6 +100,34 @@ def in_thread(fn):
     return result["us"]
 
 
+def profile(fn, calls=200):
+    """Where the host time of `fn` goes: Python functions by own time, then the CUDA runtime calls."""
+    import cProfile
+    import pstats
+
+    for _ in range(10):
+        fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        q.grad = k.grad = v.grad = None
+        fn()
+    prof.disable()
+    print(f"cProfile, {calls} calls of {fn.__name__} (per-call us = tottime / {calls} * 1e6):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if CPU:
+        return
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        for _ in range(20):
+            q.grad = k.grad = v.grad = None
+            fn()
+        torch.cuda.synchronize()
+    print("torch.profiler, 20 calls (counts are totals):")
+    print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name() if not CPU else "CPU, kernels stubbed", torch.__version__, triton.__version__)
     cases = [("raw launchers (fwd+bwd)", launchers), ("bare autograd.Function", bare_function),
@@ -109,3 +139,6 @@ if __name__ == "__main__":
               flush=True)
     if not CPU:
         print(f"{'raw launchers, second thread':32s} {in_thread(launchers):8.0f} us/call (host)")
+    if "--profile" in sys.argv:
+        profile(public_api)
+

@@ -98,19 +98,23 @@ class Result:
     rounds_ms: Optional[List[float]] = None  # each round's median call; ms is their median
 
 
-def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None) -> List[Shape]:
+def shapes(quick: bool = False, smoke: bool = False, head_dims: Optional[List[int]] = None,
+           seqlens: Optional[List[int]] = None) -> List[Shape]:
     """Benchmark rows; `head_dims` keeps only those dense rows (the d128 GQA and
-    varlen rows come with 128), so a long run can be split and merged later."""
+    varlen rows come with 128), `seqlens` only the dense rows of those sequence lengths
+    (no GQA / varlen rows then), so a long run can be split and merged later."""
     if smoke:
         return [Shape(1, 64, 2, 2, 32, False), Shape(1, 64, 2, 1, 32, True),
                 Shape(1, 96, 2, 2, 32, True, doc_lens=[16, 48, 32])]
-    dims, seqlens = ((128,), (1024, 4096)) if quick else (HEAD_DIMS, SEQLENS)
+    dims, row_seqlens = ((128,), (1024, 4096)) if quick else (HEAD_DIMS, SEQLENS)
     dims = [d for d in dims if head_dims is None or d in head_dims]
     out = [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal)
-           for d in dims for causal in (False, True) for s in seqlens]
+           for d in dims for causal in (False, True) for s in row_seqlens]
     if not quick:
         out += [Shape(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal) for d in BETWEEN_HEAD_DIMS
                 if head_dims is None or d in head_dims for causal in (False, True) for s in BETWEEN_SEQLENS]
+    if seqlens is not None:
+        return [shape for shape in out if shape.seqlen in seqlens]
     if 128 in dims:
         gqa_seqlens = (4096,) if quick else (2048, 8192)
         out += [Shape(TOKENS // s, s, 16, 4, 128, causal) for s in gqa_seqlens for causal in (False, True)]
@@ -766,13 +770,13 @@ def environment(device) -> Dict:
     return env
 
 
-def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None,
+def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None, seqlens=None,
         host_time=False, rounds: int = ROUNDS, checkpoint: Optional[Callable] = None,
         sdpa_route: bool = True, fp8: bool = False, kernel_rows: bool = True) -> List[Result]:
     """Every shape (fp8: the FP8 rows'; none without `kernel_rows`), then the SDPA route row
     (`sdpa_route`); `checkpoint(results so far)` after each (a cut run keeps what it measured)."""
     results = []
-    kernel_shapes = (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims)) if kernel_rows else []
+    kernel_shapes = (fp8_shapes(quick, smoke) if fp8 else shapes(quick, smoke, head_dims, seqlens)) if kernel_rows else []
     for shape in kernel_shapes:
         if checkpoint is not None and results:
             checkpoint(results)
@@ -1012,6 +1016,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS + BETWEEN_HEAD_DIMS, default=None,
                         help="only these dense head dims (GQA and varlen rows come with 128); "
                              "to split a long run, then merge the parts with --from-json")
+    parser.add_argument("--seqlens", nargs="+", type=int, choices=sorted(set(SEQLENS + BETWEEN_SEQLENS)),
+                        default=None, help="only the dense rows of these sequence lengths (no GQA / varlen rows)")
     parser.add_argument("--no-sdpa-route", action="store_true",
                         help="skip the SDPA route row (a model calling F.scaled_dot_product_attention, timed as "
                              "torch runs it, with SDPA's math backend, and inside fa_amd.sdpa_route())")
@@ -1115,6 +1121,7 @@ def run_cli(args) -> int:
         if args.out:
             os.makedirs(args.out, exist_ok=True)
         results = run(methods, dtype, device, quick=args.quick, smoke=args.smoke, head_dims=args.head_dims,
+                      seqlens=args.seqlens,
                       host_time=args.host_time, rounds=rounds, checkpoint=checkpoint if args.out else None,
                       sdpa_route=not (args.no_sdpa_route or args.fp8), fp8=args.fp8, kernel_rows=not route_only)
         payload = payload_of(results)
