@@ -1,8 +1,9 @@
 """GPU experiment (issue 17, docs/TUNING_NOTES.md v9): the head-dim-256 backward candidates against the
 current table and SDPA's FA2 (flash) and cuDNN backends, forward+backward, in interleaved rounds.
 
-Rows: d256 full 1k / full 16k / causal 4k / causal 16k (b*s = 16k tokens, 8 heads), d192 (10 heads,
-padded to the d256 row) and d96 (21 heads, padded to the d128 row) full 1k / causal 4k.  Variants
+Rows: d256 full 1k / full 16k / causal 4k / causal 16k / causal 512 / causal 1k (b*s = 16k tokens, 8
+heads), d192 (10 heads, padded to the d256 row) and d96 (21 heads, padded to the d128 row) full 1k /
+causal 4k.  ROWS_AT=512,1024 keeps the rows of those sequence lengths.  Variants
 change only the sm90 d256 table row (so d96 rows run the table alone):
 
   table          the current row (split32 since 2026-11-23)
@@ -15,6 +16,8 @@ change only the sm90 d256 table row (so d96 rows run the table alone):
   split32        DKDV_SPLIT=1 at 32x128/w8/s2 (255 regs, 88 B stack), dQ 128x32/w8/s2 fused
   split16-dq16   split16 with dQ 128x16/w8/s2 (245 regs, no stack)
   split16-sep    split16 with the dQ 128x32/w8/s2 programs in a second launch
+  fwd-c*         the table's backward, with a "causal" forward override (64x64/w4/s2, 64x64/w8/s2,
+                 128x32/w8/s2; fwd-c64+split16 with split16's backward); causal rows only
 
 Every variant is first compiled in parallel worker processes (one per variant x head dim x causal,
 at the real head count on a short sequence, so the main process finds every kernel in Triton's
@@ -67,6 +70,15 @@ ALL_VARIANTS = {
     "split16-sep": ("separate", dict(BLOCK_M=16, BLOCK_N=128, DKDV_SPLIT=1, **W8S2),
                     dict(BLOCK_M=128, BLOCK_N=32, **W8S2)),
 }
+# variants that also give the sm90 d256 forward a "causal" override (short causal rows: 1k, 512 keys)
+FWD_CAUSAL = {
+    "fwd-c64": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    "fwd-c64w8": dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    "fwd-c128x32": dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    "fwd-c64+split16": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+}
+ALL_VARIANTS.update({name: (None, {}, {}) for name in FWD_CAUSAL})
+ALL_VARIANTS["fwd-c64+split16"] = ALL_VARIANTS["split16"]
 VARIANTS = {k: v for k, v in ALL_VARIANTS.items()
             if not os.environ.get("VARIANTS") or k in os.environ["VARIANTS"].split(",")}
 PEERS = ("sdpa_flash", "sdpa_cudnn")
@@ -83,9 +95,11 @@ def dense(d, seqlen, causal):
 
 
 ROWS = [dense(256, 1024, False), dense(256, 16384, False), dense(256, 4096, True), dense(256, 16384, True),
-        dense(192, 1024, False), dense(192, 4096, True), dense(96, 1024, False), dense(96, 4096, True)]
+        dense(192, 1024, False), dense(192, 4096, True), dense(96, 1024, False), dense(96, 4096, True),
+        dense(256, 512, True), dense(256, 1024, True)]
 ROWS = list({r.label: r for r in ROWS
-             if not os.environ.get("HEAD_DIMS") or str(r.head_dim) in os.environ["HEAD_DIMS"].split(",")}.values())
+             if (not os.environ.get("HEAD_DIMS") or str(r.head_dim) in os.environ["HEAD_DIMS"].split(","))
+             and (not os.environ.get("ROWS_AT") or str(r.seqlen) in os.environ["ROWS_AT"].split(","))}.values())
 # d192 runs on the d256 row too, but only the front-runners (fewer kernels to compile)
 D192_VARIANTS = ("table", "old-table", "split32", "split32-dq64", "split32-sep")
 
@@ -94,14 +108,15 @@ def variants_for(shape):
     """The d256-row variants where the row runs on the d256 table entry, else the table alone."""
     if shape.head_dim <= 128:
         return ["table"]
-    return [v for v in VARIANTS if shape.head_dim == 256 or v in D192_VARIANTS]
+    return [v for v in VARIANTS if (shape.head_dim == 256 or v in D192_VARIANTS)
+            and (shape.causal or v not in FWD_CAUSAL)]
 
 
 def _row256():
     return next(r for r in tables.TABLES[FAMILY] if r["head_dim"] >= 256)
 
 
-PRISTINE = {k: dict(_row256()[k]) for k in ("dkdv", "dq")}
+PRISTINE = {k: dict(_row256()[k]) for k in ("dkdv", "dq", "fwd")}
 
 
 def apply(name):
@@ -110,6 +125,8 @@ def apply(name):
     for key, extra in (("dkdv", dkdv), ("dq", dq)):
         row[key].clear()
         row[key].update(PRISTINE[key], **extra)
+    row["fwd"].clear()
+    row["fwd"].update(PRISTINE["fwd"], **({"causal": FWD_CAUSAL[name]} if name in FWD_CAUSAL else {}))
     A.BWD_DQ_MODE = mode
     tuning._RESOLVED.clear()
 

@@ -31,6 +31,9 @@ from fa_amd.ops import EagerAttention  # noqa: E402
 DEVICE = "cpu" if CPU else "cuda"
 # CPU: small tensors (allocation is not what is measured); the launchers still resolve sm90 configs
 B, S, H, D = (2, 128, 4, 128) if CPU else (16, 1024, 16, 128)
+CAUSAL = "--full" not in sys.argv
+if "--shape" in sys.argv:  # --shape B S H D: another shape (the bench's b32 s512 rows: 32 512 16 128)
+    B, S, H, D = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1:][:4])
 SCALE = D ** -0.5
 
 
@@ -59,7 +62,8 @@ q = torch.randn(B, S, H, D, device=DEVICE, dtype=torch.bfloat16, requires_grad=T
 k = torch.randn_like(q).requires_grad_()
 v = torch.randn_like(q).requires_grad_()
 dout = torch.randn_like(q)
-out, lse, _ = F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
+WINDOW_RIGHT = 0 if CAUSAL else -1
+out, lse, _ = F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, WINDOW_RIGHT, 0.0, None, None, False)
 
 
 @triton.jit
@@ -72,18 +76,19 @@ def empty_launch():
 
 
 def launchers():
-    F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
-    A.attention_backward(dout, q, k, v, out, lse, None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False)
+    F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1, WINDOW_RIGHT, 0.0, None, None, False)
+    A.attention_backward(dout, q, k, v, out, lse, None, None, S, S, 0.0, SCALE, -1, WINDOW_RIGHT, 0.0, None, None,
+                         False)
 
 
 def bare_function():
     # the public API's autograd.Function, without the interface's checks
-    EagerAttention.apply(q, k, v, None, (None, None, S, S, 0.0, SCALE, -1, 0, 0.0, None, None, False, False)
+    EagerAttention.apply(q, k, v, None, (None, None, S, S, 0.0, SCALE, -1, WINDOW_RIGHT, 0.0, None, None, False, False)
                          )[0].backward(dout)
 
 
 def public_api():
-    fa_amd.flash_attn_func(q, k, v, causal=True).backward(dout)
+    fa_amd.flash_attn_func(q, k, v, causal=CAUSAL).backward(dout)
 
 
 def host_us(fn, calls=100):
@@ -98,6 +103,48 @@ def in_thread(fn):
     worker.start()
     worker.join()
     return result["us"]
+
+
+def segments(calls=200):
+    """Median host microseconds of the parts of one public-API forward+backward (no sync): the forward
+    call, backward() up to the autograd node's entry, the node's own Python, its return to the caller."""
+    import statistics
+    import time
+
+    stamps = {}
+    real_forward, real_backward = EagerAttention.forward, EagerAttention.backward
+
+    def forward(ctx, *args):
+        stamps["fwd_in"] = time.perf_counter_ns()
+        out = real_forward(ctx, *args)
+        stamps["fwd_out"] = time.perf_counter_ns()
+        return out
+
+    def backward(ctx, *grads):
+        stamps["bwd_in"] = time.perf_counter_ns()
+        out = real_backward(ctx, *grads)
+        stamps["bwd_out"] = time.perf_counter_ns()
+        return out
+
+    EagerAttention.forward, EagerAttention.backward = staticmethod(forward), staticmethod(backward)
+    rows = []
+    try:
+        for i in range(calls + 10):
+            q.grad = k.grad = v.grad = None
+            t0 = time.perf_counter_ns()
+            out = fa_amd.flash_attn_func(q, k, v, causal=CAUSAL)
+            t1 = time.perf_counter_ns()
+            out.backward(dout)
+            t2 = time.perf_counter_ns()
+            if i >= 10:
+                rows.append((stamps["fwd_in"] - t0, stamps["fwd_out"] - stamps["fwd_in"], t1 - stamps["fwd_out"],
+                             stamps["bwd_in"] - t1, stamps["bwd_out"] - stamps["bwd_in"], t2 - stamps["bwd_out"],
+                             t2 - t0))
+    finally:
+        EagerAttention.forward, EagerAttention.backward = staticmethod(real_forward), staticmethod(real_backward)
+    names = ("api->node fwd", "node fwd", "fwd return", "backward()->node", "node bwd", "node->caller", "total")
+    print("segments (median us over", calls, "calls):",
+          "  ".join(f"{n} {statistics.median(r[i] for r in rows) / 1e3:.0f}" for i, n in enumerate(names)))
 
 
 def profile(fn, calls=200):
@@ -129,7 +176,8 @@ def profile(fn, calls=200):
 
 
 if __name__ == "__main__":
-    print(torch.cuda.get_device_name() if not CPU else "CPU, kernels stubbed", torch.__version__, triton.__version__)
+    print(torch.cuda.get_device_name() if not CPU else "CPU, kernels stubbed", torch.__version__, triton.__version__,
+          f"shape (b, s, h, d) = {(B, S, H, D)}, {'causal' if CAUSAL else 'full'}")
     cases = [("raw launchers (fwd+bwd)", launchers), ("bare autograd.Function", bare_function),
              ("public API", public_api)]
     if not CPU:
@@ -139,6 +187,7 @@ if __name__ == "__main__":
               flush=True)
     if not CPU:
         print(f"{'raw launchers, second thread':32s} {in_thread(launchers):8.0f} us/call (host)")
+    segments()
     if "--profile" in sys.argv:
         profile(public_api)
 
