@@ -22,11 +22,11 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq
+from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
-from .launch import cdiv, grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, \
-    row_strides, score_args, shape_info
+from .launch import LaunchPlan, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides, \
+    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info
 from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
     sink_grad_rows, tail_start
 
@@ -596,13 +596,66 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     deterministic=False: the tables may choose fp32 atomics for dQ (tables.NONDETERMINISTIC_DQ) and for
     the sums of split GQA groups (tables.GQA_SPLIT_SUM).
     """
+    plan_key = rows = None
+    if sinks is None and q.device.type != "cpu":
+        # replay the launches of an earlier call of this structure (kernels/launch.LaunchPlan): this
+        # runs on autograd's own thread, where the launcher's Python costs the most (TUNING_NOTES v11)
+        arch = arch_for(q)
+        family = family_of(arch)
+        plan_key = ("plan", "bwd", dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                    out.stride(), lse.shape, lse.stride(), q.dtype, k.dtype, v.dtype, dout.dtype, out.dtype, q.device,
+                    cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                    window_left, window_right, softcap, rng_state is None, deterministic,
+                    None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
+                    BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
+                    tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
+                    tables.DKDV_MAX_PROGRAM_SHARE, get_bwd_config, launch)
+        rows = table_rows(arch, head_dim_padded(q.shape[-1]))
+        plan = plan_lookup(plan_key, rows)
+        if plan:
+            launches, atomic_dq = plan
+            dq, dk, dv = new_output(q, q.shape), new_output(k, k.shape), new_output(v, v.shape)
+            delta = new_output(lse, lse.shape)
+            dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
+            if launches.run(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
+                                 alibi=alibi_slopes, rng=rng_state, dq=dq, dk=dk, dv=dv, delta=delta,
+                                 dq_accum=dq_accum)):
+                if atomic_dq:
+                    dq.copy_(dq_accum)
+                return dq, dk, dv
+        if plan is None:  # this structure has no plan
+            plan_key = None
+    with recording() as recorded:
+        grads, scratch = _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                             max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+                                             alibi_slopes, rng_state, deterministic, sinks)
+    if plan_key is not None:
+        plan = None
+        if scratch is not None and recorded:  # (None: a path with host-side copies or fills; see below)
+            try:
+                plan = (LaunchPlan(recorded, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_q=cu_seqlens_q,
+                                                  cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state, dq=grads[0],
+                                                  dk=grads[1], dv=grads[2], **scratch), arch_for(q).is_hip),
+                        scratch["dq_accum"] is not None)
+            except (LookupError, KeyError):
+                plan = None
+        plan_store(plan_key, rows, plan)
+    return grads
+
+
+def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                        deterministic, sinks):
+    """attention_backward's launches: returns (its gradients, scratch), scratch = the buffers a plan of
+    this call re-creates (delta; dq_accum, zeroed, or None), or None where the call also copied, summed
+    or filled on the host (empty sides, split GQA groups, sinks) and gets no plan."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     dq = new_output(q, q.shape)
     dk = new_output(k, k.shape)
     dv = new_output(v, v.shape)
     dsinks = None if sinks is None else torch.zeros(hq, device=q.device, dtype=torch.float32)
     if batch == 0 or hq == 0 or (max_seqlen_q == 0 and max_seqlen_k == 0):
-        return _with_dsinks((dq.zero_(), dk.zero_(), dv.zero_()), dsinks)
+        return _with_dsinks((dq.zero_(), dk.zero_(), dv.zero_()), dsinks), None
     if max_seqlen_q == 0:
         dq.zero_()
     d_pad = head_dim_padded(d)
@@ -621,11 +674,11 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
         if sinks is not None:  # one slot per program for its rows' share of d sink (early exits leave 0)
             dsinks_part = torch.zeros((batch, hq, cdiv(max_seqlen_q, pre_block)), device=q.device, dtype=torch.float32)
             sink_args = dict(Lse=lse, Sinks=sinks, DSinksPart=dsinks_part, HAS_SINKS=True)
-        bwd_preprocess_kernel[(cdiv(max_seqlen_q, pre_block), hq, batch)](
+        jit_launch(bwd_preprocess_kernel, (cdiv(max_seqlen_q, pre_block), hq, batch), (
             out, dout, delta, cu_q, seqlen_q,
-            *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen),
-            total_q=common["total_q"], HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen, **sink_args,
-        )
+            *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen)),
+            dict(total_q=common["total_q"], HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
+                 **sink_args))
         if sinks is not None:
             dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
     strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
@@ -688,7 +741,9 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
-    return _with_dsinks((dq, dk, dv), dsinks)
+    plannable = sinks is None and max_seqlen_q > 0 and max_seqlen_k > 0 and not split
+    scratch = dict(delta=delta, dq_accum=dq_accum if atomic_dq else None) if plannable else None
+    return _with_dsinks((dq, dk, dv), dsinks), scratch
 
 
 def _with_dsinks(grads, dsinks):

@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for
-from ..tuning import family_of, get_fwd_config, is_short
+from ..tuning import family_of, get_fwd_config, is_short, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
-from .launch import grid_blocks, head_dim_padded, kernel_args, launch, lse_strides, new_output, row_strides, \
-    score_args, shape_info
+from .launch import LaunchPlan, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides, \
+    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -268,10 +268,10 @@ def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k):
     if v.device.type == "cpu":  # the interpreter: one torch pass, not NAN_SPLITS * hk * batch interpreted programs
         return _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad)
     flags = torch.empty((batch, hk, NAN_SPLITS.value, d_pad), device=v.device, dtype=torch.int32)
-    v_nan_flags_kernel[(NAN_SPLITS.value, hk, batch)](
-        v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen),
-        HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
-        **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}))
+    jit_launch(v_nan_flags_kernel, (NAN_SPLITS.value, hk, batch), (
+        v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen)),
+        dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
+             **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {})))
     return flags
 
 
@@ -376,6 +376,48 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
     (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
     both); V may then also be token-major per head (v.stride(-3) == 1)."""
+    plan_key = rows = None
+    if not return_probs and sinks is None and descale is None and q.device.type != "cpu":
+        # the common call (no probs, sinks or FP8): replay the launches of an earlier call of this
+        # structure (kernels/launch.LaunchPlan; cut the host time of small calls, TUNING_NOTES v11)
+        plan_key = ("plan", "fwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+                    v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
+                    dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
+                    None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
+                    tables.SHORT_SEQLEN_K, get_fwd_config, launch)
+        rows = table_rows(arch_for(q), head_dim_padded(q.shape[-1]))
+        plan = plan_lookup(plan_key, rows)
+        if plan:
+            launches, lse_shape, flags_shape = plan
+            out = new_output(q, q.shape, out_dtype)
+            lse = new_output(q, lse_shape, torch.float32)
+            flags = None if flags_shape is None else torch.empty(flags_shape, device=q.device, dtype=torch.int32)
+            if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
+                                 alibi=alibi_slopes, rng=rng_state)):
+                return out, lse, q.new_empty((0,), dtype=out.dtype)
+        if plan is None:  # this structure has no plan (see below)
+            plan_key = None
+    with recording() as recorded:
+        out, lse, probs, nan_flags = _attention_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
+            window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descale, out_dtype)
+    if plan_key is not None:
+        try:
+            launches = LaunchPlan(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
+                                                 cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state),
+                                  arch_for(q).is_hip)
+            plan = (launches, tuple(lse.shape), None if nan_flags is None else tuple(nan_flags.shape)) \
+                if recorded else None  # (no launch: an empty problem, filled on the host)
+        except (LookupError, KeyError):  # a launch the plan cannot replay: this structure goes the long way
+            plan = None
+        plan_store(plan_key, rows, plan)
+    return out, lse, probs
+
+
+def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descale,
+                       out_dtype):
+    """attention_forward's launches; returns (out, lse, probs, the V NaN flags or None)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, q.shape[0]) if varlen else (batch, hq, seqlen_q), torch.float32)
@@ -384,7 +426,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         else q.new_empty((0,), dtype=out.dtype)
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
-        return out.zero_(), lse.fill_(float("inf")), probs
+        return out.zero_(), lse.fill_(float("inf")), probs, None
     d_pad = head_dim_padded(d, fp8=descale is not None)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
@@ -400,14 +442,14 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     descale = q if descale is None else descale  # read only on the FP8 path
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference
     nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k) \
-        if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else q
+        if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else None
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
-        dict(keep_scale=keep_scale, descale=descale, **scalars, **common, NanFlags=nan_flags,
-             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+        dict(keep_scale=keep_scale, descale=descale, **scalars, **common,
+             NanFlags=q if nan_flags is None else nan_flags, POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")
@@ -417,4 +459,4 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
             probs.stride(0), probs.stride(1), probs.stride(2)),
             dict(SeedState=seed_state, descale=descale, **scalars, **common))
-    return out, lse, probs
+    return out, lse, probs, nan_flags

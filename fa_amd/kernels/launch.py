@@ -2,9 +2,11 @@
 decode.py): shapes and strides, output allocation, runtime scalars and feature flags,
 and `launch`, which shrinks a table config that does not fit the GPU instead of failing.
 """
+import threading
 import warnings
 
 import torch
+from triton.compiler import CompiledKernel
 from triton.runtime.errors import OutOfResources
 
 
@@ -121,7 +123,8 @@ def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
     while True:
         grid = (grid0(cfg),) + tuple(grid_tail)
         try:
-            kernel[grid](*args, **kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **_launch_options(cfg))
+            jit_launch(kernel, grid, args, dict(kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                                                **_launch_options(cfg)))
             return cfg
         except OutOfResources as err:
             smaller = _shrink(cfg)
@@ -131,6 +134,99 @@ def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
             warnings.warn(f"fa_amd: {name} with {cfg} does not fit this GPU ({err}); using {smaller}, "
                           "which is slower. `fa-amd tune` finds the best config that fits.", stacklevel=3)
             cfg = _FITTED_CONFIGS[key] = smaller
+
+
+# the launches of the launcher call being recorded into a LaunchPlan, per thread (autograd runs
+# backward on its own thread); None when nothing is recorded
+_RECORDING = threading.local()
+
+
+def jit_launch(kernel, grid, args, kwargs):
+    """kernel[grid](*args, **kwargs) through the JIT, recorded while a LaunchPlan is being built."""
+    compiled = kernel[grid](*args, **kwargs)
+    launches = getattr(_RECORDING, "launches", None)
+    if launches is not None:
+        launches.append((kernel, grid, args, kwargs, compiled))
+    return compiled
+
+
+class LaunchPlan:
+    """The launches of one launcher call, replayed for later calls of the same structure.
+
+    A small forward+backward is bound by host time (docs/TUNING_NOTES.md v11): resolving configs,
+    deriving ~60 arguments per launch and the JIT's binding and specialising of them are most of
+    it.  A launcher (attention_forward / attention_backward) that sees a call whose structure --
+    shapes, strides, dtypes, device, scalars, tables and switches in force -- it has planned before
+    only allocates its buffers and replays the recorded launches through CompiledLaunch, with this
+    call's tensors in their slots: every other argument is the same by construction.
+
+    Built by `record` around one ordinary call: each tensor argument of each launch must be one of
+    the `named` tensors (the call's inputs and the buffers it allocated), else there is no plan."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, recorded, named, hip: bool):
+        by_id = {}
+        for name, t in named.items():
+            if t is not None:
+                by_id.setdefault(id(t), name)
+        self.launches = []
+        for kernel, grid, args, kwargs, compiled in recorded:
+            if not isinstance(compiled, CompiledKernel):  # the interpreter, an AOT recorder
+                raise LookupError("no compiled kernel")
+            params, slots = [], []
+            for param, value in list(zip(kernel.arg_names, args)) + list(kwargs.items()):
+                if isinstance(value, torch.Tensor):
+                    params.append(param)
+                    slots.append(by_id[id(value)])  # KeyError: a tensor the plan cannot name
+            self.launches.append((CompiledLaunch(kernel, compiled, grid, args, kwargs, params, hip), slots))
+
+    def run(self, env) -> bool:
+        """Replay every launch with the tensors `env` names; False (nothing launched) where Triton
+        would specialise one of them differently than in the recorded call."""
+        calls = [(launch, [env[name] for name in slots]) for launch, slots in self.launches]
+        if any(launch.signature != launch._signature(tensors) for launch, tensors in calls):
+            return False
+        for launch, tensors in calls:
+            launch.launch(tensors)
+        return True
+
+
+class _Recording:
+    def __enter__(self):
+        self.outer = getattr(_RECORDING, "launches", None)
+        _RECORDING.launches = self.launches = []
+        return self.launches
+
+    def __exit__(self, *exc):
+        _RECORDING.launches = self.outer
+        if self.outer is not None:
+            self.outer.extend(self.launches)
+
+
+def recording():
+    """`with recording() as launches:` collects the jit_launch calls made inside, in order."""
+    return _Recording()
+
+
+# plans: stored in the config memo (fa_amd.tuning._RESOLVED) under ("plan", ...) keys, valid while the
+# table rows they were built from are the ones in force; whatever clears the memo (a tuned table
+# loaded, a test's changed table) drops them too.  None marks a structure that has no plan.
+def plan_lookup(key, rows):
+    from ..tuning import _RESOLVED
+
+    hit = _RESOLVED.get(key)
+    if hit is None or hit[0] is not rows:
+        return False
+    return hit[1]
+
+
+def plan_store(key, rows, plan):
+    from ..tuning import _RESOLVED
+
+    if len(_RESOLVED) > 256:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (rows, plan)
 
 
 class CompiledLaunch:
@@ -173,11 +269,15 @@ class CompiledLaunch:
         """Launch with `tensors` (one per tensor parameter, in the order given at construction)."""
         if self._signature(tensors) != self.signature:
             return False
+        self.launch(tensors)
+        return True
+
+    def launch(self, tensors):
+        """`run` without the specialisation check (the caller made it)."""
         values = self.values.copy()
         for slot, t in zip(self.slots, tensors):
             values[slot] = t
         self.runner(*values)
-        return True
 
 
 def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,

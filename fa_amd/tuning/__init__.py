@@ -83,6 +83,12 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
 _RESOLVED: Dict[tuple, tuple] = {}
 
 
+def table_rows(arch: Arch, head_dim_padded: int):
+    """The rows in force for this arch now (what a launch's configs are resolved from; the launchers'
+    plans are valid while these rows are, kernels/launch.plan_lookup)."""
+    return _table_rows(arch, head_dim_padded)
+
+
 def _table_rows(arch: Arch, head_dim_padded: int):
     """The family's rows in force now: a tuned table on disk (or a candidate under test) over the defaults."""
     if arch.backend in ("hip", "cuda") and tuned_table.first_use_hook is not None:

@@ -1,0 +1,188 @@
+"""kernels/launch.LaunchPlan: the attention launchers replay an earlier call's launches for a call of the
+same structure, with the new call's tensors in their slots, and take the JIT path whenever Triton could
+specialise a tensor differently, or a launch cannot be replayed."""
+import pytest
+import torch
+from triton.compiler import CompiledKernel
+
+from fa_amd.kernels import launch as L
+
+
+class _Param:
+    def __init__(self, name, default=None, is_constexpr=False):
+        self.name, self.default, self.is_constexpr = name, default, is_constexpr
+
+
+class _Compiled(CompiledKernel):
+    """A CompiledKernel stand-in that records replayed calls (no GPU, no binary)."""
+
+    def __init__(self):  # (CompiledKernel's own __init__ needs a compiled binary)
+        self.replays = []
+
+    def __del__(self):  # (nor has it a module to unload)
+        pass
+
+    def __getitem__(self, grid):
+        return lambda *args: self.replays.append((grid, args))
+
+
+class _Kernel:
+    """A @triton.jit kernel's face: X, Y (tensors), n (int), S (tensor kwarg), K (constexpr)."""
+    arg_names = ["X", "Y", "n", "S", "K"]
+    params = [_Param("X"), _Param("Y"), _Param("n"), _Param("S"), _Param("K", is_constexpr=True)]
+
+    def __init__(self, compiled=True):
+        self.compiled = _Compiled() if compiled else None
+        self.jit_calls = []
+
+    def __getitem__(self, grid):
+        def jit(*args, **kwargs):
+            self.jit_calls.append(grid)
+            return self.compiled
+        return jit
+
+
+def _record(kernel, x, y, s):
+    with L.recording() as recorded:
+        L.jit_launch(kernel, (3, 2), (x, y, 7), dict(S=s, K=4, num_warps=4))
+    return recorded
+
+
+def test_plan_replays_with_the_new_call_tensors():
+    base = torch.zeros(256)
+    x, y, s = base[:8], base[16:24], base[32:40]  # 16-byte aligned views
+    kernel = _Kernel()
+    recorded = _record(kernel, x, y, s)
+    assert len(recorded) == 1 and kernel.jit_calls == [(3, 2)]
+    plan = L.LaunchPlan(recorded, dict(inp=x, out=y, scratch=s), hip=False)
+    x2, y2, s2 = base[48:56], base[64:72], base[80:88]
+    assert plan.run(dict(inp=x2, out=y2, scratch=s2))
+    (grid, args), = kernel.compiled.replays
+    assert grid == (3, 2, 1) and args[0] is x2 and args[1] is y2 and args[2] == 7 and args[3] is s2
+    assert kernel.jit_calls == [(3, 2)]  # nothing went through the JIT again
+
+
+def test_plan_refuses_a_tensor_triton_would_specialise_differently():
+    base = torch.zeros(256)
+    x, y, s = base[:8], base[16:24], base[32:40]
+    kernel = _Kernel()
+    plan = L.LaunchPlan(_record(kernel, x, y, s), dict(inp=x, out=y, scratch=s), hip=False)
+    assert not plan.run(dict(inp=base[49:57], out=base[64:72], scratch=base[80:88]))  # 4-byte offset
+    assert not kernel.compiled.replays
+
+
+def test_a_same_tensor_in_two_slots_maps_to_one_name():
+    """Launchers pass q where a tensor argument is absent (cu_seqlens of a dense call): one name."""
+    base = torch.zeros(256)
+    x, s = base[:8], base[32:40]
+    kernel = _Kernel()
+    plan = L.LaunchPlan(_record(kernel, x, x, s), dict(q=x, scratch=s), hip=False)
+    x2 = base[48:56]
+    assert plan.run(dict(q=x2, scratch=base[80:88]))
+    (_, args), = kernel.compiled.replays
+    assert args[0] is x2 and args[1] is x2
+
+
+def test_no_plan_for_an_unnamed_tensor_or_an_uncompiled_launch():
+    base = torch.zeros(256)
+    with pytest.raises(KeyError):  # a tensor the launcher did not name (made inside it, say)
+        L.LaunchPlan(_record(_Kernel(), base[:8], base[16:24], base[32:40]), dict(inp=base[:8], out=base[16:24]),
+                     hip=False)
+    with pytest.raises(LookupError):  # the interpreter's launches return no CompiledKernel
+        L.LaunchPlan(_record(_Kernel(compiled=False), base[:8], base[16:24], base[32:40]),
+                     dict(inp=base[:8], out=base[16:24], scratch=base[32:40]), hip=False)
+
+
+def test_recordings_nest_and_stop():
+    kernel = _Kernel()
+    x = torch.zeros(8)
+    with L.recording() as outer:
+        L.jit_launch(kernel, (1,), (x, x, 1), {})
+        with L.recording() as inner:
+            L.jit_launch(kernel, (2,), (x, x, 1), {})
+        assert [c[1] for c in inner] == [(2,)]
+    assert [c[1] for c in outer] == [(1,), (2,)]
+    L.jit_launch(kernel, (3,), (x, x, 1), {})  # outside any recording: nothing kept
+    assert len(outer) == 2
+
+
+def test_cpu_calls_make_no_plans():
+    """The interpreter's launches cannot be replayed: CPU calls never store a plan."""
+    from fa_amd import flash_attn_func
+    from fa_amd.tuning import _RESOLVED
+
+    q = torch.randn(1, 20, 2, 16, dtype=torch.float16, requires_grad=True)
+    flash_attn_func(q, q, q, causal=True).sum().backward()
+    assert not [key for key in _RESOLVED if key and key[0] == "plan"]
+
+
+# --------------------------------------------------------------------------- GPU: plans against the JIT path
+
+def _fresh_plans():
+    from fa_amd.tuning import _RESOLVED
+
+    for key in [key for key in _RESOLVED if key and key[0] == "plan"]:
+        del _RESOLVED[key]
+
+
+CASES = {
+    "dense-causal": dict(causal=True),
+    "dense-full-gqa": dict(hk=2),
+    "window-softcap-alibi": dict(window_size=(37, 5), softcap=20.0, alibi=True),
+    "dropout": dict(causal=True, dropout_p=0.15),
+    "deterministic": dict(causal=True, deterministic=True, hk=3),
+    "varlen": dict(varlen=True, causal=True, hk=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_planned_calls_equal_jit_calls(case, dtype, monkeypatch):
+    """The second and later calls of a structure run its plan: outputs and gradients bit-equal to the
+    same call with no plan (the JIT path), on fresh data each time, and with misaligned views (another
+    specialisation: the JIT path again, still right); NaN-poisoned outputs catch a replay that skips
+    a write."""
+    import fa_amd
+    from fa_amd.kernels import launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "POISON_OUTPUTS", True)
+    opts = dict(CASES[case])
+    hk, varlen, alibi = opts.pop("hk", 6), opts.pop("varlen", False), opts.pop("alibi", False)
+    b, s, hq, d = 3, 203, 6, 64
+    seqlens = torch.tensor([0, 57, 57, 203 + 150], dtype=torch.int32, device="cuda")  # an empty segment
+
+    def inputs(offset, seed):
+        torch.manual_seed(seed)
+        n = b * s * (hq + 2 * hk) * d + offset
+        flat = torch.randn(n, device="cuda", dtype=dtype)
+        q = flat[offset:offset + b * s * hq * d].view(b, s, hq, d)
+        rest = flat[offset + b * s * hq * d:].view(2, b, s, hk, d)
+        k, v = rest[0], rest[1]
+        if varlen:
+            q, k, v = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
+        return [t.detach().requires_grad_() for t in (q, k, v)] + [torch.randn(q.shape, device="cuda", dtype=dtype)]
+
+    slopes = torch.rand(hq, device="cuda") * 0.3 if alibi else None
+
+    def run(q, k, v, dout):
+        torch.manual_seed(1234)  # the same dropout mask for the planned and the JIT call
+        if varlen:
+            out = fa_amd.flash_attn_varlen_func(q, k, v, seqlens, seqlens, 296, 296, alibi_slopes=slopes, **opts)
+        else:
+            out = fa_amd.flash_attn_func(q, k, v, alibi_slopes=slopes, **opts)
+        out.backward(dout)
+        return [out.detach().clone()] + [t.grad.clone() for t in (q, k, v)]
+
+    for offset in (0, 3):  # 3 elements: q, k, v 16-byte misaligned
+        _fresh_plans()
+        run(*inputs(offset, 0))  # builds the plans
+        data = inputs(offset, 1)
+        planned = run(*data)
+        for t in data[:3]:
+            t.grad = None
+        _fresh_plans()
+        jit = run(*data)
+        for got, want in zip(planned, jit):
+            assert not got.isnan().any()
+            assert torch.equal(got, want)
