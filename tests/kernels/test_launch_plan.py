@@ -106,6 +106,7 @@ def test_recordings_nest_and_stop():
     assert len(outer) == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors run only under the interpreter (CPU runs)")
 def test_cpu_calls_make_no_plans():
     """The interpreter's launches cannot be replayed: CPU calls never store a plan."""
     from fa_amd import flash_attn_func
@@ -125,13 +126,17 @@ def _fresh_plans():
         del _RESOLVED[key]
 
 
+# deterministic=False may sum in fp32 atomics (dQ on AMD, split GQA groups): those gradients are compared
+# within a bf16/fp16 ulp, everything else bit for bit
 CASES = {
     "dense-causal": dict(causal=True),
-    "dense-full-gqa": dict(hk=2),
-    "window-softcap-alibi": dict(window_size=(37, 5), softcap=20.0, alibi=True),
-    "dropout": dict(causal=True, dropout_p=0.15),
+    "dense-full-gqa": dict(hk=2, deterministic=True),
+    "dense-full-gqa-atomics": dict(hk=2),
+    "window-softcap-alibi": dict(window_size=(37, 5), softcap=20.0, alibi=True, deterministic=True),
+    "dropout": dict(causal=True, dropout_p=0.15, deterministic=True),
     "deterministic": dict(causal=True, deterministic=True, hk=3),
-    "varlen": dict(varlen=True, causal=True, hk=2),
+    "varlen": dict(varlen=True, causal=True, hk=2, deterministic=True),
+    "varlen-atomics": dict(varlen=True, causal=True, hk=2),
 }
 
 
@@ -183,6 +188,9 @@ def test_planned_calls_equal_jit_calls(case, dtype, monkeypatch):
             t.grad = None
         _fresh_plans()
         jit = run(*data)
-        for got, want in zip(planned, jit):
+        for i, (got, want) in enumerate(zip(planned, jit)):
             assert not got.isnan().any()
-            assert torch.equal(got, want)
+            if i == 0 or opts.get("deterministic"):  # (the forward has no atomics)
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
