@@ -25,8 +25,9 @@ from ..arch import arch_for, num_sms
 from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
-from .launch import LaunchPlan, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides, \
-    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info
+from .launch import (
+    LaunchPlan, alias_pattern, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
+    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info)
 from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
     sink_grad_rows, tail_start
 
@@ -609,7 +610,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
                     tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
-                    tables.DKDV_MAX_PROGRAM_SHARE, get_bwd_config, launch)
+                    tables.DKDV_MAX_PROGRAM_SHARE, get_bwd_config, launch,
+                    alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = plan_lookup(plan_key, rows)
         if plan:

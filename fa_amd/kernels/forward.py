@@ -28,8 +28,9 @@ from ..arch import arch_for
 from ..tuning import family_of, get_fwd_config, is_short, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
-from .launch import LaunchPlan, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides, \
-    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info
+from .launch import (
+    LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
+    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -384,7 +385,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    tables.SHORT_SEQLEN_K, get_fwd_config, launch)
+                    tables.SHORT_SEQLEN_K, get_fwd_config, launch,
+                    alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch_for(q), head_dim_padded(q.shape[-1]))
         plan = plan_lookup(plan_key, rows)
         if plan:

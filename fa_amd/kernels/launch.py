@@ -209,6 +209,14 @@ def recording():
     return _Recording()
 
 
+def alias_pattern(*tensors):
+    """Which of `tensors` are the same object (each one's first position among them): part of a plan's
+    key, since a plan names a tensor by its first slot -- one recorded with k is q must not replay a
+    call whose k is another tensor."""
+    ids = [id(t) for t in tensors]
+    return tuple(ids.index(i) for i in ids)
+
+
 # plans: stored in the config memo (fa_amd.tuning._RESOLVED) under ("plan", ...) keys, valid while the
 # table rows they were built from are the ones in force; whatever clears the memo (a tuned table
 # loaded, a test's changed table) drops them too.  None marks a structure that has no plan.

@@ -194,3 +194,43 @@ def test_planned_calls_equal_jit_calls(case, dtype, monkeypatch):
                 assert torch.equal(got, want)
             else:
                 torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_alias_pattern_tells_which_tensors_are_one_object():
+    a, b = torch.zeros(2), torch.zeros(2)
+    assert L.alias_pattern(a, a, b, None, None) == (0, 0, 2, 3, 3)
+    assert L.alias_pattern(a, b, a) != L.alias_pattern(a, b, torch.zeros(2))
+
+
+@pytest.mark.gpu
+def test_a_plan_recorded_with_aliased_inputs_is_not_replayed_for_distinct_ones():
+    """A plan names a tensor by its first slot: the one recorded for q is k is v (or one cu_seqlens
+    for both sides) must not serve a call with distinct tensors."""
+    import fa_amd
+
+    torch.manual_seed(0)
+    _fresh_plans()
+    x = torch.randn(2, 77, 4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    fa_amd.flash_attn_func(x, x, x, causal=True).sum().backward()  # plans with q is k is v
+    q, k, v = (torch.randn(2, 77, 4, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+
+    def run():
+        for t in (q, k, v):
+            t.grad = None
+        out = fa_amd.flash_attn_func(q, k, v, causal=True)
+        out.backward(torch.ones_like(out))
+        return [out.detach().clone()] + [t.grad.clone() for t in (q, k, v)]
+
+    got = run()
+    _fresh_plans()
+    for a, b in zip(got, run()):
+        assert torch.equal(a, b)
+
+    cu = torch.tensor([0, 30, 77], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 50, 77], dtype=torch.int32, device="cuda")
+    qv, kv, vv = (t.detach().reshape(154, 4, 64)[:77] for t in (q, k, v))
+    _fresh_plans()
+    fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu, 50, 50)  # one cu_seqlens for both sides
+    got = fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu_k, 50, 50)  # the same key but for the aliasing
+    _fresh_plans()
+    assert torch.equal(got, fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu_k, 50, 50))
