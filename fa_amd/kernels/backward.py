@@ -22,12 +22,13 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, nondeterministic_dq, table_rows
+from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, memo_get, memo_put, nondeterministic_dq, \
+    table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
-    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info)
+    new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
     sink_grad_rows, tail_start
 
@@ -597,7 +598,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
     deterministic=False: the tables may choose fp32 atomics for dQ (tables.NONDETERMINISTIC_DQ) and for
     the sums of split GQA groups (tables.GQA_SPLIT_SUM).
     """
-    plan_key = rows = None
+    plan_key = rows = arch = None
     if sinks is None and q.device.type != "cpu":
         # replay the launches of an earlier call of this structure (kernels/launch.LaunchPlan): this
         # runs on autograd's own thread, where the launcher's Python costs the most (TUNING_NOTES v11)
@@ -613,7 +614,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     tables.DKDV_MAX_PROGRAM_SHARE, get_bwd_config, launch,
                     alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
-        plan = plan_lookup(plan_key, rows)
+        plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
         if plan:
             launches, atomic_dq = plan
             dq, dk, dv = new_output(q, q.shape), new_output(k, k.shape), new_output(v, v.shape)
@@ -625,23 +626,19 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                 if atomic_dq:
                     dq.copy_(dq_accum)
                 return dq, dk, dv
-        if plan is None:  # this structure has no plan
+        if plan is None:
             plan_key = None
     with recording() as recorded:
         grads, scratch = _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                              max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
                                              alibi_slopes, rng_state, deterministic, sinks)
     if plan_key is not None:
-        plan = None
-        if scratch is not None and recorded:  # (None: a path with host-side copies or fills; see below)
-            try:
-                plan = (LaunchPlan(recorded, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_q=cu_seqlens_q,
-                                                  cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state, dq=grads[0],
-                                                  dk=grads[1], dv=grads[2], **scratch), arch_for(q).is_hip),
-                        scratch["dq_accum"] is not None)
-            except (LookupError, KeyError):
-                plan = None
-        plan_store(plan_key, rows, plan)
+        # (scratch None: a path with host-side copies or fills, _attention_backward; no plan)
+        launches = LaunchPlan.build(recorded, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_q=cu_seqlens_q,
+                                                   cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state, dq=grads[0],
+                                                   dk=grads[1], dv=grads[2], **scratch),
+                                    arch.is_hip) if scratch is not None and recorded else None
+        memo_put(plan_key, rows, None if launches is None else (launches, scratch["dq_accum"] is not None))
     return grads
 
 

@@ -25,12 +25,12 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for
-from ..tuning import family_of, get_fwd_config, is_short, table_rows
+from ..tuning import family_of, get_fwd_config, is_short, memo_get, memo_put, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
-    new_output, plan_lookup, plan_store, recording, row_strides, score_args, shape_info)
+    new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -377,7 +377,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
     (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
     both); V may then also be token-major per head (v.stride(-3) == 1)."""
-    plan_key = rows = None
+    plan_key = rows = arch = None
     if not return_probs and sinks is None and descale is None and q.device.type != "cpu":
         # the common call (no probs, sinks or FP8): replay the launches of an earlier call of this
         # structure (kernels/launch.LaunchPlan; cut the host time of small calls, TUNING_NOTES v11)
@@ -387,8 +387,9 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     tables.SHORT_SEQLEN_K, get_fwd_config, launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
-        rows = table_rows(arch_for(q), head_dim_padded(q.shape[-1]))
-        plan = plan_lookup(plan_key, rows)
+        arch = arch_for(q)
+        rows = table_rows(arch, head_dim_padded(q.shape[-1]))
+        plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
         if plan:
             launches, lse_shape, flags_shape = plan
             out = new_output(q, q.shape, out_dtype)
@@ -397,22 +398,19 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
                                  alibi=alibi_slopes, rng=rng_state)):
                 return out, lse, q.new_empty((0,), dtype=out.dtype)
-        if plan is None:  # this structure has no plan (see below)
+        if plan is None:
             plan_key = None
     with recording() as recorded:
         out, lse, probs, nan_flags = _attention_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
             window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descale, out_dtype)
     if plan_key is not None:
-        try:
-            launches = LaunchPlan(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
-                                                 cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state),
-                                  arch_for(q).is_hip)
-            plan = (launches, tuple(lse.shape), None if nan_flags is None else tuple(nan_flags.shape)) \
-                if recorded else None  # (no launch: an empty problem, filled on the host)
-        except (LookupError, KeyError):  # a launch the plan cannot replay: this structure goes the long way
-            plan = None
-        plan_store(plan_key, rows, plan)
+        # (no launch recorded: an empty problem, filled on the host; no plan either)
+        launches = LaunchPlan.build(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
+                                                   cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state),
+                                    arch.is_hip) if recorded else None
+        memo_put(plan_key, rows, None if launches is None else
+                 (launches, tuple(lse.shape), None if nan_flags is None else tuple(nan_flags.shape)))
     return out, lse, probs
 
 

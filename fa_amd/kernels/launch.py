@@ -160,7 +160,7 @@ class LaunchPlan:
     only allocates its buffers and replays the recorded launches through CompiledLaunch, with this
     call's tensors in their slots: every other argument is the same by construction.
 
-    Built by `record` around one ordinary call: each tensor argument of each launch must be one of
+    Built from what `recording` collected around one ordinary call: each tensor argument of each launch must be one of
     the `named` tensors (the call's inputs and the buffers it allocated), else there is no plan."""
 
     __slots__ = ("launches",)
@@ -181,11 +181,19 @@ class LaunchPlan:
                     slots.append(by_id[id(value)])  # KeyError: a tensor the plan cannot name
             self.launches.append((CompiledLaunch(kernel, compiled, grid, args, kwargs, params, hip), slots))
 
+    @classmethod
+    def build(cls, recorded, named, hip: bool):
+        """The plan of the `recorded` launches, or None where one of them cannot be replayed."""
+        try:
+            return cls(recorded, named, hip)
+        except LookupError:  # (KeyError included)
+            return None
+
     def run(self, env) -> bool:
         """Replay every launch with the tensors `env` names; False (nothing launched) where Triton
         would specialise one of them differently than in the recorded call."""
         calls = [(launch, [env[name] for name in slots]) for launch, slots in self.launches]
-        if any(launch.signature != launch._signature(tensors) for launch, tensors in calls):
+        if not all(launch.fits(tensors) for launch, tensors in calls):
             return False
         for launch, tensors in calls:
             launch.launch(tensors)
@@ -215,26 +223,6 @@ def alias_pattern(*tensors):
     call whose k is another tensor."""
     ids = [id(t) for t in tensors]
     return tuple(ids.index(i) for i in ids)
-
-
-# plans: stored in the config memo (fa_amd.tuning._RESOLVED) under ("plan", ...) keys, valid while the
-# table rows they were built from are the ones in force; whatever clears the memo (a tuned table
-# loaded, a test's changed table) drops them too.  None marks a structure that has no plan.
-def plan_lookup(key, rows):
-    from ..tuning import _RESOLVED
-
-    hit = _RESOLVED.get(key)
-    if hit is None or hit[0] is not rows:
-        return False
-    return hit[1]
-
-
-def plan_store(key, rows, plan):
-    from ..tuning import _RESOLVED
-
-    if len(_RESOLVED) > 256:
-        _RESOLVED.clear()
-    _RESOLVED[key] = (rows, plan)
 
 
 class CompiledLaunch:
@@ -273,9 +261,13 @@ class CompiledLaunch:
             return tuple((t.data_ptr() % 16 == 0, t.untyped_storage().size() <= MAX_ROW_OFFSET) for t in tensors)
         return tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
+    def fits(self, tensors) -> bool:
+        """Whether Triton would specialise `tensors` as it did the recorded call's."""
+        return self._signature(tensors) == self.signature
+
     def run(self, tensors) -> bool:
         """Launch with `tensors` (one per tensor parameter, in the order given at construction)."""
-        if self._signature(tensors) != self.signature:
+        if not self.fits(tensors):
             return False
         self.launch(tensors)
         return True

@@ -100,14 +100,25 @@ def _table_rows(arch: Arch, head_dim_padded: int):
 def _cached_config(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool, causal: bool,
                    short: bool = False, fp8: bool = False) -> Dict:
     key = (arch, kernel, head_dim_padded, bool(is_fp32), bool(causal), bool(short), bool(fp8))
+    cfg = memo_get(key, rows)
+    if cfg is None:
+        cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
+        memo_put(key, rows, cfg)
+    return dict(cfg)
+
+
+def memo_get(key, rows, default=None):
+    """What _RESOLVED holds under `key`, while the table rows it was derived from (`rows`) are the
+    ones in force; else `default`.  Launch configs and the launchers' plans (kernels/launch.LaunchPlan)
+    share this memo: whatever clears it (a tuned table loaded, a test's changed table) drops both."""
     hit = _RESOLVED.get(key)
-    if hit is not None and hit[0] is rows:
-        return dict(hit[1])
-    cfg = _resolve(rows, arch, kernel, head_dim_padded, is_fp32, causal, short, fp8)
+    return hit[1] if hit is not None and hit[0] is rows else default
+
+
+def memo_put(key, rows, value):
     if len(_RESOLVED) > 256:
         _RESOLVED.clear()
-    _RESOLVED[key] = (rows, cfg)
-    return dict(cfg)
+    _RESOLVED[key] = (rows, value)
 
 
 def get_config(arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,

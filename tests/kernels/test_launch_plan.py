@@ -91,6 +91,26 @@ def test_no_plan_for_an_unnamed_tensor_or_an_uncompiled_launch():
     with pytest.raises(LookupError):  # the interpreter's launches return no CompiledKernel
         L.LaunchPlan(_record(_Kernel(compiled=False), base[:8], base[16:24], base[32:40]),
                      dict(inp=base[:8], out=base[16:24], scratch=base[32:40]), hip=False)
+    x, y, s = base[:8], base[16:24], base[32:40]
+    assert L.LaunchPlan.build(_record(_Kernel(), x, y, s), dict(inp=x, out=y), hip=False) is None
+    assert L.LaunchPlan.build(_record(_Kernel(compiled=False), x, y, s), dict(inp=x, out=y, scratch=s),
+                              hip=False) is None
+    assert L.LaunchPlan.build(_record(_Kernel(), x, y, s), dict(inp=x, out=y, scratch=s), hip=False) is not None
+
+
+def test_plans_live_while_their_table_rows_are_in_force(monkeypatch):
+    """Plans share the config memo: found only with the rows they were built from, gone when it clears."""
+    from fa_amd import tuning
+
+    monkeypatch.setattr(tuning, "_RESOLVED", {})
+    rows, other = [{}], [{}]
+    tuning.memo_put(("plan", "x"), rows, "a plan")
+    assert tuning.memo_get(("plan", "x"), rows, False) == "a plan"
+    assert tuning.memo_get(("plan", "x"), other, False) is False
+    tuning.memo_put(("plan", "y"), rows, None)  # a structure with no plan
+    assert tuning.memo_get(("plan", "y"), rows, False) is None
+    tuning._RESOLVED.clear()
+    assert tuning.memo_get(("plan", "x"), rows, False) is False
 
 
 def test_recordings_nest_and_stop():
