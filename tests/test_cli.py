@@ -141,6 +141,19 @@ def test_bad_input_is_a_clear_error(capsys):
     assert exc.value.code == 2
 
 
+def test_bench_seqlens_keeps_only_those_dense_rows(capsys):
+    """`--seqlens` keeps the dense rows of those sequence lengths (every head dim and mask, the
+    in-between head dims too), no GQA or varlen rows; a length the bench has no row for is an error."""
+    rows = bench.shapes(seqlens=[512, 16384])
+    assert rows and {r.seqlen for r in rows} == {512, 16384} and {r.kind for r in rows} == {"dense"}
+    assert {r.head_dim for r in rows} == set(bench.HEAD_DIMS) | set(bench.BETWEEN_HEAD_DIMS)
+    assert {r.causal for r in rows} == {False, True}
+    assert {(r.head_dim, r.seqlen) for r in bench.shapes(head_dims=[64], seqlens=[1024])} == {(64, 1024)}
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--seqlens", "777"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
 def cli_gpu():
     import torch
 
