@@ -374,6 +374,27 @@ def test_nan_pattern_matches_reference(device, monkeypatch, tiles, where, row, c
 
 
 
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("where,row,causal,window,varlen", [
+    ("v", 33, True, (-1, -1), False), ("v", 2, False, (4, 2), False), ("v", 30, True, (-1, -1), True)])
+def test_nan_pattern_with_flags_split_over_programs(monkeypatch, where, row, causal, window, varlen):
+    """The forward reads the V NaN flags of several programs per (sequence, KV head) (the GPU's split
+    flag pass; on CPU tensors they come from one torch pass): run through the flag kernel here, split
+    in 3 programs of 8 keys, the NaN pattern is the reference's."""
+    def kernel_flags(v, cu_k, varlen, batch, hk, d, d_pad):
+        flags = torch.full((batch, hk, 3, d_pad), -1, dtype=torch.int8)
+        forward.v_nan_flags_kernel[(3, hk, batch)](v, flags, cu_k, v.shape[1] if not varlen else 0, v.shape[0],
+                                                   *launch.row_strides(v, varlen), HEAD_DIM=d, D_PAD=d_pad,
+                                                   BLOCK_N=8, IS_VARLEN=varlen)
+        return flags
+
+    monkeypatch.setattr(forward, "_v_nan_flags_torch", kernel_flags)
+    out, ref = _nan_pattern_case("cpu", where, row, causal, window, varlen)
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
+
+
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_cpu_nan_flags_equal_the_flag_kernel(varlen):
     """On CPU tensors the V NaN flags come from one torch pass; they flag exactly the (sequence, KV
@@ -387,8 +408,9 @@ def test_cpu_nan_flags_equal_the_flag_kernel(varlen):
     cu = cu_seqlens(lens, "cpu")
     args = (v, cu if varlen else v, varlen, 3, 2, 24, 32, 37)
     flags = forward._v_nan_flags_torch(v, args[1], varlen, 3, 2, 24, 32)
-    kernel_flags = torch.full_like(flags, -1)
-    forward.v_nan_flags_kernel[(forward.NAN_SPLITS.value, 2, 3)](
+    splits = 3  # (several programs per (sequence, KV head), each walking every third key block)
+    kernel_flags = torch.full((3, 2, splits, 32), -1, dtype=torch.int8)
+    forward.v_nan_flags_kernel[(splits, 2, 3)](
         v, kernel_flags, args[1], 37, v.shape[0], *launch.row_strides(v, varlen),
         HEAD_DIM=24, D_PAD=32, BLOCK_N=16, IS_VARLEN=varlen)
     assert torch.equal(flags.amax(2) != 0, kernel_flags.amax(2) != 0) and int((flags != 0).sum()) >= 2

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, family_of, get_bwd_config, gqa_split_sum, memo_get, memo_put, nondeterministic_dq, \
-    table_rows
+from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, memo_get, \
+    memo_put, nondeterministic_dq, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
 from .launch import (
@@ -668,7 +668,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     delta = new_output(lse, lse.shape)
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     if max_seqlen_q > 0:
-        pre_block = 64 if d_pad <= 128 else 32
+        pre = bwd_preprocess_config(arch)
+        pre_block = max(16, pre["BLOCK_ELEMENTS"] // d_pad)
         sink_args = {}
         if sinks is not None:  # one slot per program for its rows' share of d sink (early exits leave 0)
             dsinks_part = torch.zeros((batch, hq, cdiv(max_seqlen_q, pre_block)), device=q.device, dtype=torch.float32)
@@ -677,7 +678,7 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
             out, dout, delta, cu_q, seqlen_q,
             *row_strides(out, varlen), *row_strides(dout, varlen), *lse_strides(delta, varlen)),
             dict(total_q=common["total_q"], HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_block, IS_VARLEN=varlen,
-                 **sink_args))
+                 num_warps=pre["num_warps"], **sink_args))
         if sinks is not None:
             dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
     strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),

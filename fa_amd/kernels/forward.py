@@ -25,19 +25,21 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for
-from ..tuning import family_of, get_fwd_config, is_short, memo_get, memo_put, table_rows
+from ..tuning import family_of, get_fwd_config, is_short, memo_get, memo_put, nan_flags_config, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
 from .launch import (
-    LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
-    new_output, recording, row_strides, score_args, shape_info)
+    LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kernel_args, launch,
+    lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
 
-# programs per (sequence, KV head) of v_nan_flags_kernel: each writes its own flags, so the flag
-# buffer needs no zeroing or atomics (one launch); the forward's epilogue reads all of them
-NAN_SPLITS = tl.constexpr(8)
+# At most this many programs per (sequence, KV head) in v_nan_flags_kernel (tables.V_NAN_FLAGS says how
+# many a call takes): each writes its own row of flags, so the buffer needs no zeroing or atomics (one
+# launch), and the forward's epilogue reads a call's rows, NAN_ROWS_PER_LOAD at a time
+NAN_SPLITS_MAX = tl.constexpr(32)
+NAN_ROWS_PER_LOAD = tl.constexpr(8)
 
 
 @triton.jit
@@ -118,7 +120,7 @@ def attn_fwd_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
-    total_q, total_k, NanFlags,
+    total_q, total_k, NanFlags, nan_splits,
     qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -224,10 +226,15 @@ def attn_fwd_kernel(
         # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
         # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it)
-        nan_flags = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk) * (NAN_SPLITS * D_PAD) + offs_d
-        v_nan = tl.load(nan_flags)
-        for split in range(1, NAN_SPLITS):
-            v_nan = tl.maximum(v_nan, tl.load(nan_flags + split * D_PAD))
+        # (NAN_ROWS_PER_LOAD rows of flags per load: a whole [NAN_SPLITS_MAX, D_PAD] tile spilled on RDNA3 at d256)
+        flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_PAD
+        offs_s = tl.arange(0, NAN_ROWS_PER_LOAD)
+        v_nan = tl.zeros([D_PAD], dtype=tl.int32)
+        for s0 in range(0, nan_splits, NAN_ROWS_PER_LOAD):
+            rows = s0 + offs_s
+            flags = tl.load(flag_head + rows[:, None] * D_PAD + offs_d[None, :], mask=rows[:, None] < nan_splits,
+                            other=0)
+            v_nan = tl.maximum(v_nan, tl.max(flags.to(tl.int32), 0))
         out = tl.where(v_nan[None, :] != 0, float("nan"), out)
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
     lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
@@ -243,49 +250,54 @@ def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, 
                        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        IS_VARLEN: tl.constexpr, stride_vd=1):
     """NanFlags[b, hk, split, d] = 1 if V of sequence b, KV head hk holds a NaN in feature d of key
-    blocks split, split + NAN_SPLITS, ...; else 0 (every entry is written).  FP8 V (a dtype path, as
-    in attn_fwd_kernel) is compared in fp32 and may be token-major (stride_vd)."""
+    blocks split, split + splits, ... (splits = programs on grid axis 0); else 0 (every entry is
+    written; int8).  FP8 V (a dtype path, as in attn_fwd_kernel) is compared in fp32 and may be
+    token-major (stride_vd)."""
     FP8: tl.constexpr = V.dtype.element_ty.is_fp8()
     split = tl.program_id(0)
+    splits = tl.num_programs(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
     _, _, k_start, k_len = seq_bounds(cu_seqlens_k, cu_seqlens_k, b, seqlen_k, seqlen_k, total_k, total_k, IS_VARLEN)
     V_head = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int32)
-    for n0 in range(split * BLOCK_N, k_len, NAN_SPLITS * BLOCK_N):
+    found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)  # (int8: a quarter of an int32 tile's registers)
+    for n0 in range(split * BLOCK_N, k_len, splits * BLOCK_N):
         rows = n0 + offs_n
         v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
                     mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         if FP8:
             v = v.to(tl.float32)
-        found = tl.maximum(found, (v != v).to(tl.int32))
-    tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * NAN_SPLITS + split) * D_PAD + offs_d, tl.max(found, 0))
+        found = tl.maximum(found, (v != v).to(tl.int8))
+    tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * splits + split) * D_PAD + offs_d, tl.max(found, 0))
 
 
-def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k):
-    """int32 (batch, hk, NAN_SPLITS, d_pad): nonzero where V of (sequence, KV head) holds a NaN in a feature."""
-    if v.device.type == "cpu":  # the interpreter: one torch pass, not NAN_SPLITS * hk * batch interpreted programs
+def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k):
+    """int8 (batch, hk, splits, d_pad): nonzero where V of (sequence, KV head) holds a NaN in a feature,
+    split over at most NAN_SPLITS_MAX programs per (sequence, KV head) (tables.V_NAN_FLAGS)."""
+    if v.device.type == "cpu":  # the interpreter: one torch pass, not splits * hk * batch interpreted programs
         return _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad)
-    flags = torch.empty((batch, hk, NAN_SPLITS.value, d_pad), device=v.device, dtype=torch.int32)
-    jit_launch(v_nan_flags_kernel, (NAN_SPLITS.value, hk, batch), (
+    cfg = nan_flags_config(arch_for(v))
+    block_n, splits = head_scan_grid(cfg, d_pad, max_seqlen_k, NAN_SPLITS_MAX.value, heads=batch * hk)
+    flags = torch.empty((batch, hk, splits, d_pad), device=v.device, dtype=torch.int8)
+    jit_launch(v_nan_flags_kernel, (splits, hk, batch), (
         v, flags, cu_seqlens_k, seqlen_k, v.shape[0], *row_strides(v, varlen)),
-        dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=max(16, 4096 // d_pad), IS_VARLEN=varlen,
+        dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=block_n, IS_VARLEN=varlen, num_warps=cfg["num_warps"],
              **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {})))
     return flags
 
 
 def _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad):
-    """v_nan_flags on CPU tensors: every NaN flag in split 0, the other splits zero."""
+    """v_nan_flags on CPU tensors: one split, every NaN flag in it."""
     nan = torch.isnan(v.float() if v.dtype.itemsize == 1 else v).to(torch.int32)  # FP8: compare in fp32
-    flags = torch.zeros((batch, hk, NAN_SPLITS.value, d_pad), dtype=torch.int32)
+    flags = torch.zeros((batch, hk, 1, d_pad), dtype=torch.int8)
     if varlen:  # NaN count per segment: differences of a running count at the (clamped) boundaries
         running = torch.cat([nan.new_zeros(1, hk, d), nan.cumsum(0)])
         cu = cu_seqlens_k[:batch + 1].long().clamp(0, v.shape[0])
-        flags[:, :, 0, :d] = running[cu[1:]] - running[cu[:-1]] > 0
+        flags[:, :, 0, :d] = (running[cu[1:]] - running[cu[:-1]] > 0).to(torch.int8)
     else:
-        flags[:, :, 0, :d] = nan.sum(1)
+        flags[:, :, 0, :d] = (nan.sum(1) > 0).to(torch.int8)
     return flags
 
 
@@ -441,7 +453,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     descale = q if descale is None else descale  # read only on the FP8 path
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference
-    nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k) \
+    nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k) \
         if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else None
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
@@ -449,7 +461,8 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
         dict(keep_scale=keep_scale, descale=descale, **scalars, **common,
-             NanFlags=q if nan_flags is None else nan_flags, POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             NanFlags=q if nan_flags is None else nan_flags, nan_splits=0 if nan_flags is None else nan_flags.shape[2],
+             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")

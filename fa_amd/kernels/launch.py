@@ -64,6 +64,19 @@ def next_power_of_2(n: int) -> int:
 FP8_MIN_D_PAD = 32
 
 
+def head_scan_grid(cfg, d_pad: int, longest: int, max_splits: int = None, heads: int = 1):
+    """(tokens per block, programs per (sequence, head)) of a memory-bound pass over every (sequence,
+    head)'s tokens, for sequences of at most `longest` tokens and `heads` (sequence, head) pairs: blocks
+    of cfg["BLOCK_ELEMENTS"] elements (tokens x d_pad), at most cfg["MAX_SPLITS"] (and `max_splits`)
+    programs, each walking every splits-th block; with cfg["PROGRAMS"], only as many splits as bring
+    the whole grid to that many programs (the FP8 amax / cast passes, the V NaN flags)."""
+    block_t = max(1, min(next_power_of_2(max(longest, 1)), cfg["BLOCK_ELEMENTS"] // d_pad))
+    most = cfg["MAX_SPLITS"] if max_splits is None else min(cfg["MAX_SPLITS"], max_splits)
+    if "PROGRAMS" in cfg:
+        most = min(most, -(-cfg["PROGRAMS"] // max(heads, 1)))
+    return block_t, max(1, min(most, -(-longest // block_t)))
+
+
 def head_dim_padded(head_dim: int, fp8: bool = False) -> int:
     return max(FP8_MIN_D_PAD if fp8 else 16, next_power_of_2(head_dim))
 

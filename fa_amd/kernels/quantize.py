@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..arch import arch_for
 from ..tuning import fp8_quantize_config
-from .launch import new_output, next_power_of_2
+from .launch import head_scan_grid, new_output, next_power_of_2
 
 
 @triton.jit
@@ -119,12 +119,6 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
         tl.store(o_base + rows[:, None] * stride_ot + offs_d[None, :] * stride_od, x, mask=ok)
 
 
-def _grid_split(cfg, d_pad: int, longest: int):
-    """(tokens per block, programs per (sequence, head)) for sequences of at most `longest` tokens."""
-    block_t = max(1, min(next_power_of_2(max(longest, 1)), cfg["BLOCK_ELEMENTS"] // d_pad))
-    return block_t, max(1, min(cfg["MAX_SPLITS"], -(-longest // block_t)))
-
-
 def _strides(x: torch.Tensor, varlen: bool):
     """(batch, token, head) strides; varlen tensors have no batch axis."""
     s = x.stride()
@@ -149,7 +143,7 @@ def quantize_into(x: torch.Tensor, out: torch.Tensor, fp8_max: float, cu_seqlens
         return descale.fill_(1.0) if scaled else None
     cfg = fp8_quantize_config(arch_for(x))
     d_pad = next_power_of_2(d)
-    block_t, splits = _grid_split(cfg, d_pad, longest)
+    block_t, splits = head_scan_grid(cfg, d_pad, longest)
     cu = cu_seqlens if varlen else x
     options = dict(num_warps=cfg["num_warps"])
     if scaled:

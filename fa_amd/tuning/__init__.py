@@ -306,3 +306,15 @@ def rotary_config(arch: Arch) -> Dict:
     """Launch settings of the fused RoPE kernel (tables.ROTARY_TILE: by arch name, then family, then
     "default")."""
     return _by_arch(tables.ROTARY_TILE, arch, tables.ROTARY_TILE["default"])
+
+
+def nan_flags_config(arch: Arch) -> Dict:
+    """Launch settings of the forward's V NaN-flag pass (tables.V_NAN_FLAGS: by arch name, then family,
+    then "default")."""
+    return _by_arch(tables.V_NAN_FLAGS, arch, tables.V_NAN_FLAGS["default"])
+
+
+def bwd_preprocess_config(arch: Arch) -> Dict:
+    """Launch settings of the backward's delta preprocess (tables.BWD_PREPROCESS: by arch name, then
+    family, then "default")."""
+    return _by_arch(tables.BWD_PREPROCESS, arch, tables.BWD_PREPROCESS["default"])

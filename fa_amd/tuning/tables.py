@@ -502,6 +502,20 @@ ROTARY_TILE = {
     "gfx1100": {"MAX_TILE": 4096},
 }
 
+# The V NaN-flag pass of masked forwards (kernels/forward.v_nan_flags: a NaN in V reaches every row, as in
+# the eager reference, also rows whose mask skips its block), the same layout as FP8_QUANTIZE: blocks of
+# BLOCK_ELEMENTS elements, at most MAX_SPLITS (<= forward.NAN_SPLITS_MAX) programs per (sequence, KV
+# head).  A read-only pass at memory bandwidth; its V stays in L2 for the forward that follows.
+V_NAN_FLAGS = {
+    "default": {"BLOCK_ELEMENTS": 4096, "MAX_SPLITS": 32, "PROGRAMS": 2048, "num_warps": 4},
+}
+# The backward's delta preprocess (rowsum(dO * O) per query row; kernels/backward.bwd_preprocess_kernel):
+# BLOCK_ELEMENTS elements (query rows x padded head dim) per program.  On the H100 (.ci/pass_ab.py,
+# 2026-11-24) 4096-32768 elements and 4 or 8 warps all read O and dO at 2.2-2.3 TB/s (after an L2 flush).
+BWD_PREPROCESS = {
+    "default": {"BLOCK_ELEMENTS": 8192, "num_warps": 4},
+}
+
 FP8_QUANTIZE = {
     "default": {"BLOCK_ELEMENTS": 8192, "MAX_SPLITS": 64, "num_warps": 4},
     "cpu": {"BLOCK_ELEMENTS": 128, "MAX_SPLITS": 2, "num_warps": 4},
