@@ -25,8 +25,11 @@ import pytest
 import torch
 
 import fa_amd
+from fa_amd import tuning
+from fa_amd.arch import arch_for
 from fa_amd.kernels import backward, forward, launch
 from fa_amd.reference import attention_ref, attention_varlen_ref
+from fa_amd.tuning import tables
 
 from .kernels.helpers import compare_dense, compare_varlen, cu_seqlens, randn
 from .reliability_log import record
@@ -338,6 +341,13 @@ def test_large_softcap_is_accurate(device, softcap, dtype):
     record("right", f"softcap={softcap} {dtype}")
 
 
+def _nan_mode(monkeypatch, device, mode):
+    """Where masked forwards find V's NaNs on this device: inside the kernel ("scan") or a pass before it."""
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
+    others = tuple(f for f in tables.FWD_NAN_SCAN_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "FWD_NAN_SCAN_FAMILIES", others + ((family,) if mode == "scan" else ()))
+
+
 def _nan_pattern_case(device, where, row, causal, window, varlen):
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 40, h, 16, device=device) for h in (2, 1, 1))
@@ -361,9 +371,12 @@ def _nan_pattern_case(device, where, row, causal, window, varlen):
     ("q", 7, False, (4, 2), False),
     ("v", 30, True, (-1, -1), True),    # varlen: only its own sequence
 ])
-def test_nan_pattern_matches_reference(device, monkeypatch, tiles, where, row, causal, window, varlen):
+@pytest.mark.parametrize("nan_mode", ["scan", "pass"])
+def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, where, row, causal, window, varlen):
     """A NaN anywhere in q/k/v gives the reference's NaN pattern (which SDPA shares: masked
-    probabilities times a NaN value are NaN), whatever the tile sizes; finite entries stay right."""
+    probabilities times a NaN value are NaN), whatever the tile sizes, with V's NaNs found inside the
+    forward kernel (scan) or by a pass before it; finite entries stay right."""
+    _nan_mode(monkeypatch, device, nan_mode)
     real = forward.get_fwd_config
     monkeypatch.setattr(forward, "get_fwd_config",
                         lambda *a, **kw: dict(real(*a, **kw), BLOCK_M=tiles[0], BLOCK_N=tiles[1]))
@@ -389,6 +402,7 @@ def test_nan_pattern_with_flags_split_over_programs(monkeypatch, where, row, cau
         return flags
 
     monkeypatch.setattr(forward, "_v_nan_flags_torch", kernel_flags)
+    _nan_mode(monkeypatch, "cpu", "pass")
     out, ref = _nan_pattern_case("cpu", where, row, causal, window, varlen)
     assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
     assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5

@@ -128,7 +128,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False,
+    Sinks=None, HAS_SINKS: tl.constexpr = False, NAN_SCAN: tl.constexpr = False,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -174,6 +174,10 @@ def attn_fwd_kernel(
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
+        _v_nan_find(NanFlags, V_head, Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om, b, h, hk,
+                    tl.num_programs(1) // GROUP, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd, stride_om,
+                    stride_oh, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, FP8)
     if RELOAD_CHUNK:
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
@@ -222,10 +226,11 @@ def attn_fwd_kernel(
     if FP8:
         out = out * v_descale
         m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
-    if HAS_LEFT or HAS_RIGHT:
+    if (HAS_LEFT or HAS_RIGHT) and not NAN_SCAN:
         # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
-        # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it)
+        # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it;
+        # NAN_SCAN does it inside this kernel instead, _v_nan_find)
         # (NAN_ROWS_PER_LOAD rows of flags per load: a whole [NAN_SPLITS_MAX, D_PAD] tile spilled on RDNA3 at d256)
         flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_PAD
         offs_s = tl.arange(0, NAN_ROWS_PER_LOAD)
@@ -243,6 +248,62 @@ def attn_fwd_kernel(
              mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
     lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
+    if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
+        _v_nan_apply(NanFlags, o_head, b, hk, tl.num_programs(1) // GROUP, q_len, stride_om, offs_m, offs_d,
+                     HEAD_DIM, D_PAD, BLOCK_M)
+
+
+@triton.jit
+def _v_nan_find(NanFlags, V_head, O_seq, b, h, hk, n_heads_k, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd,
+                stride_om, stride_oh, offs_n, offs_d,
+                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                FP8: tl.constexpr):
+    """The V NaN rule of a masked forward (see the NanFlags epilogue) inside the forward kernel: no
+    pass over V before it.  Runs before the key loop (little is live there: no spills added).
+
+    NanFlags[b, hk] = [any, feature 0, feature 1, ...] int32, zeroed by the launcher.  The programs of
+    (sequence b, KV head hk) split its key blocks between them and scan V; one that finds a NaN sets
+    the feature bits, then `any` (an acq_rel RMW), then writes NaN into those features of every row of
+    every query head of the group.  After storing its rows every program reads `any` by an acq_rel
+    RMW and, if set, writes NaN into its own rows (_v_nan_apply).  Whatever the order: if a program's
+    RMW comes first, its output stores happen before the finder's NaN stores (release / acquire
+    through `any`); if the finder's comes first, the program sees `any` and writes the NaN itself."""
+    flags = NanFlags + (b * n_heads_k + hk).to(tl.int64) * (D_PAD + 1)
+    share = pid_m * GROUP + h % GROUP  # this program's index among the group's programs
+    shares = tl.cdiv(q_len, BLOCK_M) * GROUP
+    found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)
+    for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
+        cols = n0 + offs_n
+        v = tl.load(fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8),
+                    mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if FP8:
+            v = v.to(tl.float32)
+        found = tl.maximum(found, (v != v).to(tl.int8))
+    nan_cols = tl.max(found, 0).to(tl.int32)
+    if tl.max(nan_cols, 0) > 0:
+        tl.atomic_or(flags + 1 + offs_d, nan_cols)
+        tl.atomic_or(flags, 1)
+        nan_tile = tl.full([BLOCK_M, D_PAD], float("nan"), tl.float32).to(O_seq.dtype.element_ty)
+        offs_r = tl.arange(0, BLOCK_M)
+        for g in range(0, GROUP):
+            g_head = O_seq + (hk * GROUP + g).to(tl.int64) * stride_oh
+            for r0 in range(0, q_len, BLOCK_M):
+                rows = r0 + offs_r
+                tl.store(g_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
+                         mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _v_nan_apply(NanFlags, o_head, b, hk, n_heads_k, q_len, stride_om, offs_m, offs_d,
+                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """_v_nan_find's second half, after this program stored its rows: NaN into its rows' features
+    where any program of the group found one."""
+    flags = NanFlags + (b * n_heads_k + hk).to(tl.int64) * (D_PAD + 1)
+    if tl.atomic_or(flags, 0) != 0:
+        nan_cols = tl.atomic_or(flags + 1 + offs_d, tl.zeros([D_PAD], dtype=tl.int32))
+        nan_tile = tl.full([BLOCK_M, D_PAD], float("nan"), tl.float32).to(o_head.dtype.element_ty)
+        tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], nan_tile,
+                 mask=(offs_m[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -397,16 +458,19 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    tables.SHORT_SEQLEN_K, get_fwd_config, launch,
+                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, get_fwd_config, launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         arch = arch_for(q)
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
         if plan:
-            launches, lse_shape, flags_shape = plan
+            launches, lse_shape, flags_spec = plan
             out = new_output(q, q.shape, out_dtype)
             lse = new_output(q, lse_shape, torch.float32)
-            flags = None if flags_shape is None else torch.empty(flags_shape, device=q.device, dtype=torch.int32)
+            flags = None
+            if flags_spec is not None:  # (shape, dtype, zeroed: the in-kernel scan's flags start at 0)
+                flags = (torch.zeros if flags_spec[2] else torch.empty)(flags_spec[0], device=q.device,
+                                                                         dtype=flags_spec[1])
             if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
                                  alibi=alibi_slopes, rng=rng_state)):
                 return out, lse, q.new_empty((0,), dtype=out.dtype)
@@ -421,8 +485,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         launches = LaunchPlan.build(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
                                                    cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state),
                                     arch.is_hip) if recorded else None
-        memo_put(plan_key, rows, None if launches is None else
-                 (launches, tuple(lse.shape), None if nan_flags is None else tuple(nan_flags.shape)))
+        flags_spec = None if nan_flags is None else (tuple(nan_flags.shape), nan_flags.dtype, nan_flags.dim() == 3)
+        memo_put(plan_key, rows, None if launches is None else (launches, tuple(lse.shape), flags_spec))
     return out, lse, probs
 
 
@@ -439,30 +503,37 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
         return out.zero_(), lse.fill_(float("inf")), probs, None
-    d_pad = head_dim_padded(d, fp8=descale is not None)
+    fp8 = descale is not None
+    d_pad = head_dim_padded(d, fp8=fp8)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
     arch = arch_for(q)
     cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k),
-                         fp8=descale is not None)
+                         fp8=fp8)
     # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     descale = q if descale is None else descale  # read only on the FP8 path
-    # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference
-    nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k) \
-        if flags["HAS_LEFT"] or flags["HAS_RIGHT"] else None
+    # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference -- from
+    # a pass over V before the forward, or (tables.FWD_NAN_SCAN_FAMILIES) found inside it, _v_nan_find
+    nan_scan = nan_flags = None
+    if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
+        # (not FP8: the scan took the sm90 FP8 forward from 120 to 776 B of ptxas stack at d128)
+        nan_scan = family_of(arch) in tables.FWD_NAN_SCAN_FAMILIES and not fp8
+        nan_flags = torch.zeros((batch, hk, d_pad + 1), device=q.device, dtype=torch.int32) if nan_scan else \
+            v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
         dict(keep_scale=keep_scale, descale=descale, **scalars, **common,
-             NanFlags=q if nan_flags is None else nan_flags, nan_splits=0 if nan_flags is None else nan_flags.shape[2],
-             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             NanFlags=q if nan_flags is None else nan_flags,
+             nan_splits=0 if nan_flags is None or nan_scan else nan_flags.shape[2],
+             **({"NAN_SCAN": True} if nan_scan else {}), POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if return_probs:
         scalars.pop("SeedState")
