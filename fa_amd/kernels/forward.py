@@ -271,15 +271,8 @@ def _v_nan_find(NanFlags, V_head, O_seq, b, h, hk, n_heads_k, GROUP, pid_m, q_le
     flags = NanFlags + (b * n_heads_k + hk).to(tl.int64) * (D_PAD + 1)
     share = pid_m * GROUP + h % GROUP  # this program's index among the group's programs
     shares = tl.cdiv(q_len, BLOCK_M) * GROUP
-    found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)
-    for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
-        cols = n0 + offs_n
-        v = tl.load(fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8),
-                    mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        if FP8:
-            v = v.to(tl.float32)
-        found = tl.maximum(found, (v != v).to(tl.int8))
-    nan_cols = tl.max(found, 0).to(tl.int32)
+    nan_cols = _v_nan_columns(V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, D_PAD,
+                              BLOCK_N, FP8).to(tl.int32)
     if tl.max(nan_cols, 0) > 0:
         tl.atomic_or(flags + 1 + offs_d, nan_cols)
         tl.atomic_or(flags, 1)
@@ -321,17 +314,26 @@ def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, 
     b = tl.program_id(2)
     _, _, k_start, k_len = seq_bounds(cu_seqlens_k, cu_seqlens_k, b, seqlen_k, seqlen_k, total_k, total_k, IS_VARLEN)
     V_head = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
+    tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * splits + split) * D_PAD + offs_d,
+             _v_nan_columns(V_head, split, splits, k_len, stride_vn, stride_vd, tl.arange(0, BLOCK_N), offs_d,
+                            HEAD_DIM, D_PAD, BLOCK_N, FP8))
+
+
+@triton.jit
+def _v_nan_columns(V_head, first, step, k_len, stride_vn, stride_vd, offs_n, offs_d,
+                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
+    """int8 [D_PAD]: 1 where V's key blocks first, first + step, ... (of k_len keys) hold a NaN in that
+    feature.  FP8 V is compared in fp32 and may be token-major (stride_vd)."""
     found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)  # (int8: a quarter of an int32 tile's registers)
-    for n0 in range(split * BLOCK_N, k_len, splits * BLOCK_N):
+    for n0 in range(first * BLOCK_N, k_len, step * BLOCK_N):
         rows = n0 + offs_n
         v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
                     mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         if FP8:
             v = v.to(tl.float32)
         found = tl.maximum(found, (v != v).to(tl.int8))
-    tl.store(NanFlags + ((b * tl.num_programs(1) + hk) * splits + split) * D_PAD + offs_d, tl.max(found, 0))
+    return tl.max(found, 0)
 
 
 def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k):

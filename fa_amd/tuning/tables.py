@@ -68,8 +68,9 @@ FUSED_DQ_FAMILIES = ("sm90", "cpu")
 # Families whose masked forwards find the NaNs of V inside the forward kernel (forward._v_nan_find: each
 # program scans a share of V before its key loop, and acq_rel atomics on a zeroed flag word per (sequence,
 # KV head) order the NaN writes) instead of a pass over V before it (forward.v_nan_flags_kernel); bf16 /
-# fp16 / fp32 only (FP8 keeps the pass: the scan spilled its sm90 build).  Measured on the H100 only.  AMD families keep the pass: on multi-XCD CDNA3 an agent-scope release
-# writes back the XCD's L2 and an acquire invalidates caches, once per program here (untimed there).
+# fp16 / fp32 only (FP8 keeps the pass: the scan spilled its sm90 build).  Measured on the H100 only.
+# AMD families keep the pass: on multi-XCD CDNA3 an agent-scope release writes back the XCD's L2 and an
+# acquire invalidates caches, once per program here (untimed there).
 # "cpu" (the interpreter) scans, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
 
