@@ -248,3 +248,23 @@ def test_tuner_times_only_candidates_the_aot_check_passes(monkeypatch):
     assert asked[-1][:4] == ("gfx1100", "dq", 256, "fp16")
     assert autotune._compilable(SM90, "fwd", cfgs, 128, torch.bfloat16, logged.append) == cfgs
     assert len(asked) == 2
+
+
+def test_bandwidth_pass_grids_are_table_data():
+    """The V NaN-flag pass and the FP8 quantiser split each (sequence, head) by one rule
+    (launch.head_scan_grid): blocks of BLOCK_ELEMENTS, at most MAX_SPLITS programs, and with PROGRAMS
+    only as many as bring the grid to that size; every family's flag pass fits the forward's flag rows."""
+    from fa_amd.kernels.forward import NAN_SPLITS_MAX
+    from fa_amd.kernels.launch import head_scan_grid
+    from fa_amd.tuning import tables
+
+    cfg = {"BLOCK_ELEMENTS": 4096, "MAX_SPLITS": 32, "PROGRAMS": 2048}
+    assert head_scan_grid(cfg, 128, 512, heads=32 * 16) == (32, 4)       # 512 pairs: 4 programs each
+    assert head_scan_grid(cfg, 128, 16384, heads=16) == (32, 32)         # few pairs: up to MAX_SPLITS
+    assert head_scan_grid(cfg, 128, 16384, 8, heads=16) == (32, 8)       # the caller's cap
+    assert head_scan_grid(cfg, 256, 20, heads=1) == (16, 2)              # never more programs than blocks
+    assert head_scan_grid({"BLOCK_ELEMENTS": 8192, "MAX_SPLITS": 64}, 64, 9000) == (128, 64)  # no PROGRAMS key
+    for family, entry in tables.V_NAN_FLAGS.items():
+        assert 1 <= entry["MAX_SPLITS"] <= NAN_SPLITS_MAX.value, family
+    for family, entry in tables.BWD_PREPROCESS.items():
+        assert entry["BLOCK_ELEMENTS"] >= 16 and entry["num_warps"] in (1, 2, 4, 8, 16), family
