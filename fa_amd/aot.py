@@ -226,8 +226,7 @@ def default_config(target: str, kernel: str, d_pad: int, causal: bool = False, s
     if table_kernel is None:  # preprocess: tables.BWD_PREPROCESS (as attention_backward reads it)
         from .tuning import bwd_preprocess_config
 
-        pre = bwd_preprocess_config(_arch_of(target))
-        return {"BLOCK_M": max(16, pre["BLOCK_ELEMENTS"] // d_pad), "num_warps": pre["num_warps"]}
+        return bwd_preprocess_config(_arch_of(target), d_pad)
     if LAUNCHES[kernel].module == "decode":  # tables.DECODE_TABLES ("causal": the wide tile)
         return decode_config(target, kernel, d_pad, wide=causal)
     return table_config(_arch_of(target), table_kernel, d_pad, causal=causal, short=short, fp8=kernel in FP8_KERNELS)

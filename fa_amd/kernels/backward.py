@@ -668,8 +668,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     delta = new_output(lse, lse.shape)
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     if max_seqlen_q > 0:
-        pre = bwd_preprocess_config(arch)
-        pre_block = max(16, pre["BLOCK_ELEMENTS"] // d_pad)
+        pre = bwd_preprocess_config(arch, d_pad)
+        pre_block = pre["BLOCK_M"]
         sink_args = {}
         if sinks is not None:  # one slot per program for its rows' share of d sink (early exits leave 0)
             dsinks_part = torch.zeros((batch, hq, cdiv(max_seqlen_q, pre_block)), device=q.device, dtype=torch.float32)

@@ -314,7 +314,8 @@ def nan_flags_config(arch: Arch) -> Dict:
     return _by_arch(tables.V_NAN_FLAGS, arch, tables.V_NAN_FLAGS["default"])
 
 
-def bwd_preprocess_config(arch: Arch) -> Dict:
-    """Launch settings of the backward's delta preprocess (tables.BWD_PREPROCESS: by arch name, then
-    family, then "default")."""
-    return _by_arch(tables.BWD_PREPROCESS, arch, tables.BWD_PREPROCESS["default"])
+def bwd_preprocess_config(arch: Arch, head_dim_padded: int) -> Dict:
+    """The backward's delta preprocess launch at this padded head dim: {"BLOCK_M": query rows per
+    program, "num_warps"} from tables.BWD_PREPROCESS (by arch name, then family, then "default")."""
+    entry = _by_arch(tables.BWD_PREPROCESS, arch, tables.BWD_PREPROCESS["default"])
+    return {"BLOCK_M": max(16, entry["BLOCK_ELEMENTS"] // head_dim_padded), "num_warps": entry["num_warps"]}
