@@ -63,8 +63,9 @@ DECODE_KERNELS = tuple(DECODE_LAUNCHES)
 KERNELS = (("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + DECODE_KERNELS
            + FP8_KERNELS)
 DEFAULT_KERNELS = tuple(k for k in KERNELS if k != "probs")
-# (HEAD_DIM, D_PAD): one per table row plus a non-power-of-two that exercises padding
-HEAD_DIMS = (64, 80, 128, 256)
+# (HEAD_DIM, D_PAD): one per table row plus non-powers-of-two: 80 exercises padding (and the 64 + 16 head-dim
+# split where the family splits, tables.HEAD_DIM_SPLIT_FAMILIES), 192 the 128 + 64 split
+HEAD_DIMS = (64, 80, 128, 192, 256)
 DTYPES = ("fp16", "bf16")
 # the dtypes the full sweep builds per kernel: fp32 inputs too for the decode kernels, whose tables
 # have an "fp32" override (the others' AMD rows have none)
@@ -800,7 +801,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--kernels", nargs="+", default=None, choices=KERNELS,
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
-                        help="every table row x head dim (64/80/128/256) x dtype x variant (slow: ~1 CPU-hour)")
+                        help="every table row x head dim (64/80/128/192/256) x dtype x variant (slow: ~1 CPU-hour)")
     parser.add_argument("--dtypes", nargs="+", choices=ALL_DTYPES, default=None,
                         help=f"with --full: dtypes (default: {' '.join(DTYPES)}; fp32 too for "
                              f"{' '.join(DECODE_KERNELS)})")

@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, memo_get, \
-    memo_put, nondeterministic_dq, table_rows
+from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, \
+    head_dim_chunks, memo_get, memo_put, nondeterministic_dq, table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, load_row_tile, query_ranges, zero_rows
+from .blocks import dot_rows_nt, in_loop, key_ranges, load_cols_t, load_row_tile, query_ranges, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
     new_output, recording, row_strides, score_args, shape_info)
@@ -70,16 +70,16 @@ def bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
+def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                     Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                    start, end, cols, offs_m, offs_d, diag, q_len, k_len,
+                    start, end, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
                     qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, sm_scale,
                     seed, seed_offset, bh, keep_threshold, keep_scale,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if RELOAD_CHUNK:
@@ -107,7 +107,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                 lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
                 delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
             else:
-                if D_PAD != HEAD_DIM:
+                if D_PAD > HEAD_DIM:
                     qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
                     do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
                 else:
@@ -116,6 +116,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                 lse = tl.load(Lse_head + rows)
                 delta = tl.load(Delta_head + rows)
             sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
+            if D_HI:  # the head dim's second chunk (columns D_PAD..)
+                qT_hi = load_cols_t(Q_head + rows[None, :] * stride_qm, rows[None, :] < q_len, offs_dh[:, None],
+                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                do_hi = load_cols_t(DO_head + rows[:, None] * stride_dom, rows[:, None] < q_len, offs_dh[None, :],
+                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                sT = tl.dot(k_hi, qT_hi, sT, input_precision=INPUT_PRECISION)
         sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
                             softcap_log2, slope_log2, win_left, win_right,
                             MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
@@ -128,15 +134,22 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
             do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
         elif WANT_DK:
             dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+            if D_HI:
+                dpT = tl.dot(v_hi, tl.trans(do_hi), dpT, input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
             if WANT_DV:
                 dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv,
                             input_precision=INPUT_PRECISION)
+                if D_HI:
+                    dv_hi = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do_hi, dv_hi,
+                                   input_precision=INPUT_PRECISION)
             if WANT_DK:
                 dpT = tl.where(keep, dpT * keep_scale, 0.0)
         elif WANT_DV:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            if D_HI:
+                dv_hi = tl.dot(pT.to(do.dtype), do_hi, dv_hi, input_precision=INPUT_PRECISION)
         if WANT_DK:
             dsT = pT * (dpT - delta[None, :])
             if IS_SOFTCAP:
@@ -146,6 +159,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
             else:
                 dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+                if D_HI:
+                    dk_hi = tl.dot(dsT.to(qT.dtype), tl.trans(qT_hi), dk_hi, input_precision=INPUT_PRECISION)
         if ATOMIC_DQ and WANT_DK:
             # non-deterministic fast path: dQ from the same dS tile, summed with
             # fp32 atomics instead of a second pass that recomputes S and dP
@@ -159,7 +174,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows,
                 tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
             else:
                 tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
-    return dk, dv
+            if D_HI:
+                dq_hi = tl.dot(tl.trans(dsT.to(k_hi.dtype)), k_hi, input_precision=INPUT_PRECISION) * sm_scale
+                tl.atomic_add(DQ_head + rows[:, None] * stride_dqm + offs_dh[None, :], dq_hi,
+                              mask=(rows[:, None] < q_len) & (offs_dh[None, :] < HEAD_DIM), sem="relaxed")
+    return dk, dv, dk_hi, dv_hi
 
 
 @triton.jit
@@ -182,9 +201,10 @@ def _dkdv_program(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
 ):
-    """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes)."""
+    """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes; D_HI: the
+    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
@@ -218,6 +238,21 @@ def _dkdv_program(
         v_rows = V  # unused
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    k_hi = 0.0  # D_HI: the second chunk's operands and accumulators
+    v_hi = 0.0
+    dk_hi = 0.0
+    dv_hi = 0.0
+    offs_dh = 0
+    if D_HI:
+        offs_dh = D_PAD + tl.arange(0, D_HI)
+        k_hi = load_cols_t(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                           + cols[:, None] * stride_kn, cols[:, None] < k_len, offs_dh[None, :], HEAD_DIM,
+                           D_PAD + D_HI, True)
+        v_hi = load_cols_t(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                           + cols[:, None] * stride_vn, cols[:, None] < k_len, offs_dh[None, :], HEAD_DIM,
+                           D_PAD + D_HI, True)
+        dk_hi = tl.zeros([BLOCK_N, D_HI], dtype=tl.float32)
+        dv_hi = tl.zeros([BLOCK_N, D_HI], dtype=tl.float32)
 
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     lo, full_lo, full_hi, hi = query_ranges(n0, q_len, k_len, diag, win_left, win_right,
@@ -235,25 +270,34 @@ def _dkdv_program(
         Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
         if HAS_RIGHT:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                     lo, full_lo, cols, offs_m, offs_d, diag, q_len, k_len,
+            dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                     lo, full_lo, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                      sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                 full_lo, full_hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                 full_lo, full_hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                 full_hi, hi, cols, offs_m, offs_d, diag, q_len, k_len,
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
+                                 full_hi, hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                  sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV)
+                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
     dk = dk * sm_scale
+    if D_HI:
+        dk_hi = dk_hi * sm_scale
+        out_head = pid_h  # ATOMIC_DKDV: slices of one GQA group add into KV head hk
+        if ATOMIC_DKDV:
+            out_head = hk
+        _store_dkdv_hi(DK, DV, dk_hi, dv_hi, b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn,
+                       b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn, out_head.to(tl.int64),
+                       stride_dkn, stride_dkh, stride_dvn, stride_dvh, cols, offs_dh, k_len, HEAD_DIM,
+                       ATOMIC_DKDV, WANT_DK, WANT_DV)
     if ATOMIC_DKDV:
         # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
         if WANT_DK:
@@ -269,6 +313,26 @@ def _dkdv_program(
         if WANT_DV:
             tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
                      + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _store_dkdv_hi(DK, DV, dk_hi, dv_hi, dk_rows, dv_rows, head, stride_dkn, stride_dkh, stride_dvn, stride_dvh,
+                   cols, offs_dh, k_len, HEAD_DIM: tl.constexpr, ATOMIC_DKDV: tl.constexpr, WANT_DK: tl.constexpr,
+                   WANT_DV: tl.constexpr):
+    """The second head-dim chunk's dK / dV of a dK/dV program: stored, or added (ATOMIC_DKDV) into fp32."""
+    mask = (cols[:, None] < k_len) & (offs_dh[None, :] < HEAD_DIM)
+    dk_ptrs = DK + dk_rows + head * stride_dkh + cols[:, None] * stride_dkn + offs_dh[None, :]
+    dv_ptrs = DV + dv_rows + head * stride_dvh + cols[:, None] * stride_dvn + offs_dh[None, :]
+    if ATOMIC_DKDV:
+        if WANT_DK:
+            tl.atomic_add(dk_ptrs, dk_hi, mask=mask, sem="relaxed")
+        if WANT_DV:
+            tl.atomic_add(dv_ptrs, dv_hi, mask=mask, sem="relaxed")
+    else:
+        if WANT_DK:
+            tl.store(dk_ptrs, dk_hi.to(DK.dtype.element_ty), mask=mask)
+        if WANT_DV:
+            tl.store(dv_ptrs, dv_hi.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -292,8 +356,12 @@ def attn_bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
-    DKDV_SPLIT: tl.constexpr,
+    DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0,
 ):
+    # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
+    # zeroed rows span D_ROW columns
+    tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
+    D_ROW: tl.constexpr = D_PAD + D_PAD * (D_HI > 0)
     pid_n = tl.program_id(0)
     pid_h = tl.program_id(1)
     b = tl.program_id(2)
@@ -316,7 +384,7 @@ def attn_bwd_dkdv_kernel(
                         GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
                         tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
                         IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
-                        RELOAD_CHUNK)
+                        RELOAD_CHUNK, D_HI)
             return
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
@@ -326,9 +394,9 @@ def attn_bwd_dkdv_kernel(
                 n_kv_programs = n_kv_blocks * (2 if DKDV_SPLIT else 1)  # the fused dQ ones returned above
                 tail = tail_start(cu_seqlens_k, b, total_k)
                 zero_rows(DK + tail.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh, stride_dkn,
-                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_ROW, BLOCK_N)
                 zero_rows(DV + tail.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh, stride_dvn,
-                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_PAD, BLOCK_N)
+                          total_k - tail, pid_n, n_kv_programs, HEAD_DIM, D_ROW, BLOCK_N)
             return
     if DKDV_SPLIT:
         # dK and dV from separate programs (dK: key blocks [0, n_kv_blocks), dV: the next n_kv_blocks),
@@ -345,7 +413,7 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False)
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False, D_HI)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -356,7 +424,7 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True)
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True, D_HI)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -367,19 +435,19 @@ def attn_bwd_dkdv_kernel(
                       qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True)
+                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True, D_HI)
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn,
-                  start, end,
-                  offs_m, offs_n, offs_d, diag, k_len,
+def _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn,
+                  stride_vn, start, end,
+                  offs_m, offs_n, offs_d, offs_dh, diag, k_len,
                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                   seed, seed_offset, bh, keep_threshold, keep_scale,
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                   HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  RELOAD_CHUNK: tl.constexpr):
+                  RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if RELOAD_CHUNK:
@@ -395,13 +463,19 @@ def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_
             if MASK:
                 k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            elif D_PAD != HEAD_DIM:
+            elif D_PAD > HEAD_DIM:
                 k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
                 vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             else:
                 k = tl.load(k_ptrs)
                 vT = tl.load(vT_ptrs)
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+            if D_HI:  # the head dim's second chunk (columns D_PAD..)
+                k_hi = load_cols_t(K_head + cols[:, None] * stride_kn, cols[:, None] < k_len, offs_dh[None, :],
+                                   HEAD_DIM, D_PAD + D_HI, MASK)
+                vT_hi = load_cols_t(V_head + cols[None, :] * stride_vn, cols[None, :] < k_len, offs_dh[:, None],
+                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                s = tl.dot(q_hi, tl.trans(k_hi), s, input_precision=INPUT_PRECISION)
         s, t = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
                           MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
@@ -412,6 +486,8 @@ def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_
                               HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
         else:
             dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
+            if D_HI:
+                dp = tl.dot(do_hi, vT_hi, dp, input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             dp = tl.where(keep, dp * keep_scale, 0.0)
@@ -421,7 +497,9 @@ def _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_
         if RELOAD_CHUNK:
             k = tl.load(K_rows + offs_d[None, :], mask=k_row_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-    return dq
+        if D_HI:
+            dq_hi = tl.dot(ds.to(k.dtype), k_hi, dq_hi, input_precision=INPUT_PRECISION)
+    return dq, dq_hi
 
 
 @triton.jit
@@ -440,15 +518,16 @@ def _dq_program(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr,
 ):
-    """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees."""
+    """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees (D_HI: the
+    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none)."""
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
             # the extra program row: query tokens past cu_seqlens_q[-1] get dQ = 0
             tail = tail_start(cu_seqlens_q, b, total_q)
             zero_rows(DQ + tail.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh, stride_dqm, total_q - tail,
-                      pid_m, tl.cdiv(seqlen_q, BLOCK_M), HEAD_DIM, D_PAD, BLOCK_M)
+                      pid_m, tl.cdiv(seqlen_q, BLOCK_M), HEAD_DIM, D_PAD + D_PAD * (D_HI > 0), BLOCK_M)
             return
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
@@ -477,6 +556,19 @@ def _dq_program(
                      + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
         q_rows = Q  # unused
         do_rows = DO  # unused
+    q_hi = 0.0  # D_HI: the second chunk's operands and accumulator
+    do_hi = 0.0
+    dq_hi = 0.0
+    offs_dh = 0
+    if D_HI:
+        offs_dh = D_PAD + tl.arange(0, D_HI)
+        q_hi = load_cols_t(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                           + offs_m[:, None] * stride_qm, row_mask[:, None], offs_dh[None, :], HEAD_DIM, D_PAD + D_HI,
+                           True)
+        do_hi = load_cols_t(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                            + offs_m[:, None] * stride_dom, row_mask[:, None], offs_dh[None, :], HEAD_DIM,
+                            D_PAD + D_HI, True)
+        dq_hi = tl.zeros([BLOCK_M, D_HI], dtype=tl.float32)
     lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
     lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
     delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
@@ -491,27 +583,35 @@ def _dq_program(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, lo, full_lo,
-                           offs_m, offs_n, offs_d, diag, k_len,
+        dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+                                   stride_kn, stride_vn, lo, full_lo,
+                           offs_m, offs_n, offs_d, offs_dh, diag, k_len,
                            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                            seed, seed_offset, bh, keep_threshold, keep_scale,
                            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                           HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
-    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_lo, full_hi,
-                       offs_m, offs_n, offs_d, diag, k_len,
+                           HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+    dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+                                   stride_kn, stride_vn, full_lo, full_hi,
+                       offs_m, offs_n, offs_d, offs_dh, diag, k_len,
                        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                        seed, seed_offset, bh, keep_threshold, keep_scale,
                        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
-    dq = _bwd_dq_inner(dq, q, do, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head, stride_kn, stride_vn, full_hi, hi,
-                       offs_m, offs_n, offs_d, diag, k_len,
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+    dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+                                   stride_kn, stride_vn, full_hi, hi,
+                       offs_m, offs_n, offs_d, offs_dh, diag, k_len,
                        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                        seed, seed_offset, bh, keep_threshold, keep_scale,
                        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+    if D_HI:
+        dq_hi = dq_hi * sm_scale
+        tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+                 + offs_m[:, None] * stride_dqm + offs_dh[None, :], dq_hi.to(DQ.dtype.element_ty),
+                 mask=row_mask[:, None] & (offs_dh[None, :] < HEAD_DIM))
 
 
 
@@ -532,8 +632,9 @@ def attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr = 0,
 ):
+    tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
     # heavier (later) query blocks first: better tail balance under causal masks
     _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                 stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
@@ -542,7 +643,7 @@ def attn_bwd_dq_kernel(
                 qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                 GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
                 tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
-                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK)
+                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -611,7 +712,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
                     tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
-                    tables.DKDV_MAX_PROGRAM_SHARE, get_bwd_config, launch,
+                    tables.DKDV_MAX_PROGRAM_SHARE, tables.HEAD_DIM_SPLIT_FAMILIES, get_bwd_config, launch,
                     alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -662,11 +763,17 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     arch = arch_for(q)
     family = family_of(arch)
-    cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    # a head dim that is not a power of two may run as two chunks (tables.HEAD_DIM_SPLIT_FAMILIES)
+    d_lo, d_hi = head_dim_chunks(arch, d, d_pad)
+    cfgs = get_bwd_config(arch, d_lo + d_hi, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    if d_hi and any(cfg["RELOAD_CHUNK"] for cfg in cfgs.values()):  # (the reloading kernels take one chunk)
+        d_lo, d_hi = d_pad, 0
+        cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = new_output(lse, lse.shape)
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
+    chunked = dict(common, D_PAD=d_lo, **({"D_HI": d_hi} if d_hi else {}))
     if max_seqlen_q > 0:
         pre = bwd_preprocess_config(arch, d_pad)
         pre_block = pre["BLOCK_M"]
@@ -721,7 +828,7 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **common,
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **chunked,
                  ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles))
         if atomic_dkdv:
             dk.copy_(dk_out)
@@ -740,7 +847,7 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **common))
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **chunked))
     plannable = sinks is None and max_seqlen_q > 0 and max_seqlen_k > 0 and not split
     scratch = dict(delta=delta, dq_accum=dq_accum if atomic_dq else None) if plannable else None
     return _with_dsinks((dq, dk, dv), dsinks), scratch

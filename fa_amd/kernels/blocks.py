@@ -95,10 +95,23 @@ def load_row_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, D_PAD: tl.
     """A [rows, D_PAD] tile; rows at or past n_rows (with MASK) and padded head-dim columns read as 0."""
     if MASK:
         tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    elif D_PAD != HEAD_DIM:
+    elif D_PAD > HEAD_DIM:
         tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
         tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def load_cols_t(row_ptrs, row_ok, cols, HEAD_DIM: tl.constexpr, CHUNK_END: tl.constexpr, MASK: tl.constexpr):
+    """The head-dim columns `cols` (ending at CHUNK_END) of rows `row_ptrs`, in either orientation (row_ptrs
+    and row_ok broadcast against cols); rows not row_ok (with MASK) and columns past HEAD_DIM read as 0."""
+    if MASK:
+        tile = tl.load(row_ptrs + cols, mask=row_ok & (cols < HEAD_DIM), other=0.0)
+    elif CHUNK_END > HEAD_DIM:
+        tile = tl.load(row_ptrs + cols, mask=cols < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(row_ptrs + cols)
     return tile
 
 

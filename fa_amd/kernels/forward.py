@@ -25,9 +25,10 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for
-from ..tuning import family_of, get_fwd_config, is_short, memo_get, memo_put, nan_flags_config, table_rows
+from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_get, memo_put, nan_flags_config, \
+    table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, zero_rows
+from .blocks import dot_rows_nt, in_loop, key_ranges, load_cols_t, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kernel_args, launch,
     lse_strides, new_output, recording, row_strides, score_args, shape_info)
@@ -43,15 +44,15 @@ NAN_ROWS_PER_LOAD = tl.constexpr(8)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd, start, end,
-               offs_m, offs_n, offs_d, diag, k_len, v_len,
+def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+               start, end, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                seed, seed_offset, bh, keep_threshold,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr):
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr, D_HI: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if FP8:
@@ -70,11 +71,15 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
             v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
             if MASK:
                 kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            elif D_PAD != HEAD_DIM:
+            elif D_PAD > HEAD_DIM:
                 kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             else:
                 kT = tl.load(kT_ptrs)
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+            if D_HI:  # the head dim's second chunk (columns D_PAD..): S sums both
+                kT_hi = load_cols_t(K_head + cols[None, :] * stride_kn, cols[None, :] < k_len, offs_dh[:, None],
+                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                qk = tl.dot(q_hi, kT_hi, qk, input_precision=INPUT_PRECISION)
         # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
         if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
@@ -96,18 +101,24 @@ def _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, strid
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if D_HI:
+            acc_hi = acc_hi * alpha[:, None]
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             p = tl.where(keep, p, 0.0)
         if MASK:
             v = tl.load(v_ptrs, mask=(cols[:, None] < v_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        elif D_PAD != HEAD_DIM:
+        elif D_PAD > HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        if D_HI:
+            v_hi = load_cols_t(V_head + cols[:, None] * stride_vn, cols[:, None] < v_len, offs_dh[None, :],
+                               HEAD_DIM, D_PAD + D_HI, MASK)
+            acc_hi = tl.dot(p.to(v_hi.dtype), v_hi, acc_hi, input_precision=INPUT_PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_hi, l_i, m_i
 
 
 @triton.jit
@@ -128,7 +139,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False, NAN_SCAN: tl.constexpr = False,
+    Sinks=None, HAS_SINKS: tl.constexpr = False, NAN_SCAN: tl.constexpr = False, D_HI: tl.constexpr = 0,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -136,13 +147,17 @@ def attn_fwd_kernel(
     b = tl.program_id(2)
     # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
     FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
+    # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
+    # whole rows (zeroed rows, the V NaN rule) span D_ROW columns
+    tl.static_assert(D_HI == 0 or (RELOAD_CHUNK == 0 and not FP8))
+    D_ROW: tl.constexpr = D_PAD + D_PAD * (D_HI > 0)
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
             # the extra program row: tokens past cu_seqlens_q[-1] (legal: static buffers) belong to
             # no sequence; they get output 0 and lse +inf, as rows that see no key
             tail = tail_start(cu_seqlens_q, b, total_q)
             zero_rows(Out + tail.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh, stride_om, total_q - tail,
-                      pid_m, tl.num_programs(0), HEAD_DIM, D_PAD, BLOCK_M)
+                      pid_m, tl.num_programs(0), HEAD_DIM, D_ROW, BLOCK_M)
             offs_t = tl.arange(0, BLOCK_M)
             for r0 in range(tail + pid_m * BLOCK_M, total_q, tl.num_programs(0) * BLOCK_M):
                 tl.store(Lse + h.to(tl.int64) * stride_lh + r0 + offs_t, tl.full([BLOCK_M], float("inf"), tl.float32),
@@ -177,7 +192,7 @@ def attn_fwd_kernel(
     if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
         _v_nan_find(NanFlags, V_head, Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om, b, h, hk,
                     tl.num_programs(1) // GROUP, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd, stride_om,
-                    stride_oh, offs_n, offs_d, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, FP8)
+                    stride_oh, offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_M, BLOCK_N, FP8)
     if RELOAD_CHUNK:
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
@@ -185,6 +200,14 @@ def attn_fwd_kernel(
         q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
                     mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         q_rows = q_head  # unused
+    q_hi = 0.0  # D_HI: the second chunk's q, accumulator and columns
+    acc_hi = 0.0
+    offs_dh = 0
+    if D_HI:
+        offs_dh = D_PAD + tl.arange(0, D_HI)
+        q_hi = load_cols_t(q_head + offs_m[:, None] * stride_qm, offs_m[:, None] < q_len, offs_dh[None, :], HEAD_DIM,
+                           D_PAD + D_HI, True)
+        acc_hi = tl.zeros([BLOCK_M, D_HI], dtype=tl.float32)
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
@@ -200,29 +223,37 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
-                                   lo, full_lo, offs_m, offs_n, offs_d, diag, k_len, v_len,
+        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
+                                           stride_vn, stride_vd,
+                                   lo, full_lo, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
                                    qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                    seed, seed_offset, bh, keep_threshold,
                                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
-                               full_lo, full_hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
+                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
+                                           stride_vn, stride_vd,
+                               full_lo, full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
-                               full_hi, hi, offs_m, offs_n, offs_d, diag, k_len, v_len,
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
+                                           stride_vn, stride_vd,
+                               full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
                                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                seed, seed_offset, bh, keep_threshold,
                                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8)
+                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
     if HAS_DROPOUT:
         out = out * keep_scale
+    out_hi = 0.0
+    if D_HI:
+        out_hi = acc_hi / tl.where(empty_row, 1.0, l_i)[:, None]
+        if HAS_DROPOUT:
+            out_hi = out_hi * keep_scale
     if FP8:
         out = out * v_descale
         m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
@@ -231,26 +262,38 @@ def attn_fwd_kernel(
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
         # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it;
         # NAN_SCAN does it inside this kernel instead, _v_nan_find)
-        # (NAN_ROWS_PER_LOAD rows of flags per load: a whole [NAN_SPLITS_MAX, D_PAD] tile spilled on RDNA3 at d256)
-        flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_PAD
-        offs_s = tl.arange(0, NAN_ROWS_PER_LOAD)
-        v_nan = tl.zeros([D_PAD], dtype=tl.int32)
-        for s0 in range(0, nan_splits, NAN_ROWS_PER_LOAD):
-            rows = s0 + offs_s
-            flags = tl.load(flag_head + rows[:, None] * D_PAD + offs_d[None, :], mask=rows[:, None] < nan_splits,
-                            other=0)
-            v_nan = tl.maximum(v_nan, tl.max(flags.to(tl.int32), 0))
-        out = tl.where(v_nan[None, :] != 0, float("nan"), out)
+        flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_ROW
+        out = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_d, D_ROW, D_PAD)[None, :] != 0, float("nan"), out)
+        if D_HI:
+            out_hi = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_dh, D_ROW, D_HI)[None, :] != 0, float("nan"),
+                              out_hi)
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
     lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
     o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
     tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
+    if D_HI:
+        tl.store(o_head + offs_m[:, None] * stride_om + offs_dh[None, :], out_hi.to(Out.dtype.element_ty),
+                 mask=(offs_m[:, None] < q_len) & (offs_dh[None, :] < HEAD_DIM))
     lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
     if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
-        _v_nan_apply(NanFlags, o_head, b, hk, tl.num_programs(1) // GROUP, q_len, stride_om, offs_m, offs_d,
-                     HEAD_DIM, D_PAD, BLOCK_M)
+        _v_nan_apply(NanFlags, o_head, b, hk, tl.num_programs(1) // GROUP, q_len, stride_om, offs_m,
+                     tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_M)
+
+
+@triton.jit
+def _v_nan_flagged(flag_head, nan_splits, cols, D_ROW: tl.constexpr, WIDTH: tl.constexpr):
+    """int32 [WIDTH]: nonzero where any of the nan_splits rows of v_nan_flags_kernel's flags (D_ROW
+    features each, from flag_head) is set for feature `cols` (NAN_ROWS_PER_LOAD rows per load: a whole
+    [NAN_SPLITS_MAX, D_PAD] tile spilled on RDNA3 at d256)."""
+    offs_s = tl.arange(0, NAN_ROWS_PER_LOAD)
+    v_nan = tl.zeros([WIDTH], dtype=tl.int32)
+    for s0 in range(0, nan_splits, NAN_ROWS_PER_LOAD):
+        rows = s0 + offs_s
+        flags = tl.load(flag_head + rows[:, None] * D_ROW + cols[None, :], mask=rows[:, None] < nan_splits, other=0)
+        v_nan = tl.maximum(v_nan, tl.max(flags.to(tl.int32), 0))
+    return v_nan
 
 
 @triton.jit
@@ -460,7 +503,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, get_fwd_config, launch,
+                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
+                    launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         arch = arch_for(q)
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
@@ -511,8 +555,13 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
     # causal / right-windowed rows and short rows (few keys each) may take smaller tiles from the table
     arch = arch_for(q)
-    cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k),
+    # a head dim that is not a power of two may run as two chunks (tables.HEAD_DIM_SPLIT_FAMILIES)
+    d_lo, d_hi = (d_pad, 0) if fp8 else head_dim_chunks(arch, d, d_pad)
+    cfg = get_fwd_config(arch, d_lo + d_hi, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k),
                          fp8=fp8)
+    if d_hi and cfg["RELOAD_CHUNK"]:  # (a table that sets it: the reloading kernel takes one chunk)
+        d_lo, d_hi = d_pad, 0
+        cfg = get_fwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], is_short(max_seqlen_k))
     # plain tiles take the max of the raw scores where the tables say so (tables.FWD_RAW_MAX_FAMILIES)
     raw_max = family_of(arch) in tables.FWD_RAW_MAX_FAMILIES
     cu_q = cu_seqlens_q if varlen else q
@@ -532,8 +581,8 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
         *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
-        dict(keep_scale=keep_scale, descale=descale, **scalars, **common,
-             NanFlags=q if nan_flags is None else nan_flags,
+        dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
+             **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
              nan_splits=0 if nan_flags is None or nan_scan else nan_flags.shape[2],
              **({"NAN_SCAN": True} if nan_scan else {}), POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))

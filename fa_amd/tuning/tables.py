@@ -73,6 +73,12 @@ FUSED_DQ_FAMILIES = ("sm90", "cpu")
 # acquire invalidates caches, once per program here (untimed there).
 # "cpu" (the interpreter) scans, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
+# Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
+# chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
+# instead of padding it to the next power of two: every head-dim-wide matmul then does d / d_pad of the
+# padded one's work (3/4 at d192 and d96).  The launch keeps the padded head dim's table row.  Not with
+# RELOAD_CHUNK (gfx1100) or FP8 inputs.
+HEAD_DIM_SPLIT_FAMILIES = ("sm90", "cpu")
 
 # Per-Triton overrides: an entry may hold "triton<X.Y" dicts, applied when the installed triton is
 # older than X.Y, before the case overrides below (fa_amd.tuning.resolve_entry; broadest bound
@@ -111,6 +117,16 @@ TABLES = {
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
+        # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d72 / d80 = 64 + 16 too): the d128 row but a
+        # causal forward tile of 128x64/w4/s3 (.ci/head_split_ab.py --tiles, TILESET=d96, H100, 2026-11-24,
+        # d96 h21 causal fwd TFLOP/s s1k / s4k: 214 / 345 vs 64x64/w4/s3 203 / 330, 64x64/w4/s4 199 / 325).
+        {"head_dim": 96,
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+                 "causal": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
+                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                 "fp32": {"BLOCK_N": 32, "num_stages": 2}},
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
+         "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
         # fwd s16k: 128x128/w8 488 vs 64x64/w4 466; causal s1k: 64x64/w4 318 vs 262, s4k 439 vs 396;
         # short (non-causal, 5 alternating rounds, 2026-11-23): s1k 64x64/w4/s3 406 vs 128x128/w8/s3 388
         # (Flex 402), s2k 437 vs 449, s4k 426 vs 469;
@@ -127,6 +143,17 @@ TABLES = {
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
+        # Head dims run as 128 + 64 (HEAD_DIM_SPLIT_FAMILIES: d192; d160 = 128 + 32 too).  .ci/head_split_ab.py
+        # --tiles (H100, 2026-11-24, 5 interleaved rounds, d192 h10 causal, TFLOP/s, s1k / s4k): fwd 128x64/w8/s3
+        # 227 / 389 vs the d256 row's s2 202 / 327 (FA2 225 / 278); fwd+bwd with dK/dV 64x128/w8/s2 202 / 289 vs
+        # the d256 row's 32x128 189 / 261 (FA2 193 / 253), dQ 128x64/w8/s2 197 / 281 vs 128x32.  fp32 inputs:
+        # the d256 row's fp32 launches.
+        {"head_dim": 192,
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": _FP32_HALF_N},
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "DKDV_SPLIT": 1,
+                  "fp32": {"BLOCK_M": 32, "BLOCK_N": 64, "DKDV_SPLIT": 0}},
+         "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+                "fp32": {"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 1}}},
         # fwd 128x64/w8/s2 437 (causal s4k) vs 64x64/w8/s2 229.  dK/dV: dK and dV in separate programs
         # (DKDV_SPLIT) at 32x128/w8/s2 with the dQ programs (128x32/w8/s2) fused into the launch
         # (.ci/d256_ab.py, 3 interleaved rounds, 2026-11-23, fwd+bwd TFLOP/s): full 1k 302 vs the previous
