@@ -4,15 +4,22 @@ values (tables.DECODE_TABLES / DECODE_SPLITS for this GPU's family) can be picke
   1. tiles: BLOCK_N x warps x stages candidates for the d128 "decode" entry, split rule as tabled;
   2. split rule: programs per SM / min key blocks per split / max splits / no split, on the tile that
      won stage 1 (geometric mean of KV GB/s over the rows);
-  3. paging: the winner on a paged cache (page 16 / 64 / 256) against the dense cache.
+  3. paging: the winner on a paged cache (page 16 / 64 / 256) against the dense cache;
+  4. merge: the split merge inside the decode kernel ("fused": its last split program of each tile
+     merges, tables.DECODE_FUSED_MERGE_FAMILIES) against the split_merge_kernel launch after it
+     ("launch"), tabled tile and split rule, on every row (host time included: each call is a whole
+     flash_attn_with_kvcache call, as in `fa-amd bench --decode`; rows that do not split run the
+     same code in both).
 
 Each (row, candidate) is timed like `fa-amd bench --decode` (L2 flush before each call, CUDA events,
 median call per round), candidates of a row in interleaved rounds with torch SDPA in the same rounds;
 median round.  Prints one JSON line per (stage, row, candidate) and a summary; writes
 $OUT/decode_ab.json when OUT is set.  ROUNDS (env, default 3) sets the rounds; ROWS (env, e.g.
-"1x8192,64x2048") limits the rows.
+"1x8192,64x2048") limits the rows; --stages picks stages (default: all four).
 
     python .ci/decode_ab.py
+    ROUNDS=7 python .ci/decode_ab.py --stages merge       # fused vs launched merge, SDPA in the rounds
+    python .ci/decode_ab.py --dry-run --stages merge      # the plumbing, on the CPU (interpreter)
 """
 import json
 import math
@@ -27,11 +34,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa_amd  # noqa: E402
 from fa_amd import bench, bench_decode, tuning  # noqa: E402
 from fa_amd.arch import device_arch  # noqa: E402
+from fa_amd.kernels import decode  # noqa: E402
 from fa_amd.tuning import tables  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", 3))
 # a CPU dry run (TRITON_INTERPRET=1, tiny rows) checks the plumbing: `python .ci/decode_ab.py --dry-run`
 DRY_RUN = "--dry-run" in sys.argv
+ALL_STAGES = ("tiles", "splits", "paging", "merge")
+STAGES = ALL_STAGES
+if "--stages" in sys.argv:
+    STAGES = tuple(sys.argv[sys.argv.index("--stages") + 1].split(","))
+    assert set(STAGES) <= set(ALL_STAGES), f"--stages: pick from {','.join(ALL_STAGES)}"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (BLOCK_N, num_warps, num_stages) for BLOCK_M = 16 (one KV group's 4 heads per tile at GQA 32/8)
 TILES = [None, (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3), (128, 8, 3),
@@ -40,6 +53,7 @@ SPLIT_RULES = [None, dict(programs_per_sm=1), dict(programs_per_sm=4), dict(prog
                dict(min_blocks_per_split=1), dict(min_blocks_per_split=4), dict(min_blocks_per_split=8),
                dict(max_splits=32), dict(efficiency=0.95), "no-split"]
 PAGES = [None, 16, 64, 256]
+MERGES = ["fused", "launch"]
 
 
 def rows():
@@ -54,10 +68,22 @@ def rows():
 FAMILY = tuning.family_of(device_arch())
 PRISTINE_ROWS = [dict(r, decode=dict(r["decode"])) for r in tables.DECODE_TABLES[FAMILY]]
 PRISTINE_SPLITS = dict(tables.DECODE_SPLITS.get(FAMILY, tables.DECODE_SPLITS["default"]))
+PRISTINE_FUSED_MERGE = tables.DECODE_FUSED_MERGE_FAMILIES
 
 
-def apply(tile=None, split_rule=None):
-    """Install a candidate in the tables (tile None / rule None: the tabled values)."""
+_INSTALLED = [None]
+
+
+def apply(tile=None, split_rule=None, merge=None):
+    """Install a candidate in the tables (tile None / rule None / merge None: the tabled values); a
+    no-op when it is installed already (a round's calls of one candidate pay no table rebuild)."""
+    state = (tile, repr(split_rule), merge)
+    if _INSTALLED[0] == state:
+        return
+    _INSTALLED[0] = state
+    others = tuple(f for f in PRISTINE_FUSED_MERGE if f != FAMILY)
+    tables.DECODE_FUSED_MERGE_FAMILIES = {None: PRISTINE_FUSED_MERGE, "fused": others + (FAMILY,),
+                                          "launch": others}[merge]
     for row, pristine in zip(tables.DECODE_TABLES[FAMILY], PRISTINE_ROWS):
         row["decode"] = dict(pristine["decode"])
     if tile is not None:
@@ -70,16 +96,18 @@ def apply(tile=None, split_rule=None):
     tuning._DECODE_RESOLVED.clear()
 
 
-def name_of(tile, rule, page):
+def name_of(tile, rule, page, merge=None):
     parts = ["table" if tile is None else "16x%d/w%d/s%d" % tile]
     if rule is not None:
         parts.append(rule if isinstance(rule, str) else ",".join(f"{k}={v}" for k, v in rule.items()))
     if page:
         parts.append(f"page{page}")
+    if merge:
+        parts.append(f"merge={merge}")
     return " ".join(parts)
 
 
-def make_call(row, q, k, v, tile, rule, page):
+def make_call(row, q, k, v, tile, rule, page, merge=None):
     """fn() for one candidate: the settings are installed at each call (candidates alternate)."""
     q_f = q.transpose(1, 2)
     if page:
@@ -99,7 +127,7 @@ def make_call(row, q, k, v, tile, rule, page):
         splits = 1 if rule == "no-split" else 0
 
         def call():
-            apply(tile, rule)
+            apply(tile, rule, merge)
             return fa_amd.flash_attn_with_kvcache(q_f, k_pages, v_pages, cache_seqlens=lens, block_table=table,
                                                   num_splits=splits)
         return call
@@ -107,7 +135,7 @@ def make_call(row, q, k, v, tile, rule, page):
     splits = 1 if rule == "no-split" else 0
 
     def call():
-        apply(tile, rule)
+        apply(tile, rule, merge)
         return fa_amd.flash_attn_with_kvcache(q_f, k_f, v_f, num_splits=splits)
     return call
 
@@ -158,37 +186,58 @@ def main():
         global TILES, SPLIT_RULES, PAGES
         TILES, SPLIT_RULES, PAGES = [None, (16, 4, 1)], [None, "no-split", dict(programs_per_sm=4)], [None, 16]
     the_rows = rows()
-    # 1. tiles
-    stage = {}
-    for row in the_rows:
-        stage[row.label] = time_row(row, [(t, None, None) for t in TILES])
-    results["stages"]["tiles"] = stage
-    scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values())) if name != "sdpa"}
-    best_tile_name = max(scores, key=scores.get)
-    best_tile = next(t for t in TILES if name_of(t, None, None) == best_tile_name)
-    print(f"# tiles by geometric-mean GB/s: " + ", ".join(f"{n} {s:.0f}" for n, s in
-                                                      sorted(scores.items(), key=lambda x: -x[1])), flush=True)
-    # 2. split rule on the winning tile (the rows where splits matter: batch 1 and 8)
-    stage = {}
-    for row in [r for r in the_rows if r.batch <= 8]:
-        stage[row.label] = time_row(row, [(best_tile, rule, None) for rule in SPLIT_RULES], with_sdpa=False)
-    results["stages"]["splits"] = stage
-    if stage:
-        scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))}
-        print("# split rules by geometric-mean GB/s: " + ", ".join(
-            f"{n} {s:.0f}" for n, s in sorted(scores.items(), key=lambda x: -x[1])), flush=True)
-    # 3. paging cost
-    stage = {}
-    paging_rows = ((1, 32768), (8, 8192), (8, 32768), (64, 2048), (64, 8192)) if not DRY_RUN else ((2, 70),)
-    for row in [r for r in the_rows if (r.batch, r.cache) in paging_rows]:
-        stage[row.label] = time_row(row, [(best_tile, None, page) for page in PAGES], with_sdpa=False)
-    results["stages"]["paging"] = stage
-    # per row: best candidate of stage 1 and its share of SDPA
-    print("# per row (stage 1): best tile, its GB/s, SDPA GB/s")
-    for label, cands in results["stages"]["tiles"].items():
-        best = max((n for n in cands if n != "sdpa"), key=cands.get)
-        print(f"#   {label:16s} {best:16s} {cands[best]:7.0f}  sdpa {cands.get('sdpa', 0):7.0f}  table "
-              f"{cands.get('table', 0):7.0f}", flush=True)
+    best_tile = None  # the tabled tile unless stage 1 runs
+    if "tiles" in STAGES:  # 1. tiles
+        stage = {}
+        for row in the_rows:
+            stage[row.label] = time_row(row, [(t, None, None) for t in TILES])
+        results["stages"]["tiles"] = stage
+        scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))
+                  if name != "sdpa"}
+        best_tile_name = max(scores, key=scores.get)
+        best_tile = next(t for t in TILES if name_of(t, None, None) == best_tile_name)
+        print("# tiles by geometric-mean GB/s: " + ", ".join(f"{n} {s:.0f}" for n, s in
+                                                          sorted(scores.items(), key=lambda x: -x[1])), flush=True)
+    if "splits" in STAGES:  # 2. split rule on the winning tile (the rows where splits matter: batch 1 and 8)
+        stage = {}
+        for row in [r for r in the_rows if r.batch <= 8]:
+            stage[row.label] = time_row(row, [(best_tile, rule, None) for rule in SPLIT_RULES], with_sdpa=False)
+        results["stages"]["splits"] = stage
+        if stage:
+            scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))}
+            print("# split rules by geometric-mean GB/s: " + ", ".join(
+                f"{n} {s:.0f}" for n, s in sorted(scores.items(), key=lambda x: -x[1])), flush=True)
+    if "paging" in STAGES:  # 3. paging cost
+        stage = {}
+        paging_rows = ((1, 32768), (8, 8192), (8, 32768), (64, 2048), (64, 8192)) if not DRY_RUN else ((2, 70),)
+        for row in [r for r in the_rows if (r.batch, r.cache) in paging_rows]:
+            stage[row.label] = time_row(row, [(best_tile, None, page) for page in PAGES], with_sdpa=False)
+        results["stages"]["paging"] = stage
+    if "merge" in STAGES:  # 4. the split merge in the decode kernel vs its own launch, SDPA in the same rounds
+        stage = {}
+        # (the interpreter has one SM, where the tabled rule never splits: the dry run splits by this rule)
+        rule = dict(programs_per_sm=64, min_blocks_per_split=1) if DRY_RUN else None
+        splits = {}
+        for row in the_rows:
+            decode._PLANS.clear()
+            stage[row.label] = time_row(row, [(best_tile, rule, None, m) for m in MERGES])
+            splits[row.label] = sorted({plan.grid[1] for plan in decode._PLANS.values()})  # (grid: tiles, splits, b)
+        results["stages"]["merge"] = stage
+        results["merge_splits"] = splits
+        fused, launched = name_of(best_tile, rule, None, "fused"), name_of(best_tile, rule, None, "launch")
+        print("# merge (stage 4): row, key splits, fused / launch GB/s, fused vs launch, fused vs SDPA")
+        for label, c in stage.items():
+            print(f"#   {label:16s} {str(splits[label]):8s} {c[fused]:7.0f} / {c[launched]:7.0f}  "
+                  f"{c[fused] / c[launched]:5.3f}x  {c[fused] / c['sdpa']:5.3f}x sdpa", flush=True)
+        print(f"# merge geometric mean: fused {geomean([c[fused] for c in stage.values()]):.0f} GB/s, launch "
+              f"{geomean([c[launched] for c in stage.values()]):.0f} GB/s, sdpa "
+              f"{geomean([c['sdpa'] for c in stage.values()]):.0f} GB/s", flush=True)
+    if "tiles" in STAGES:  # per row: best candidate of stage 1 and its share of SDPA
+        print("# per row (stage 1): best tile, its GB/s, SDPA GB/s")
+        for label, cands in results["stages"]["tiles"].items():
+            best = max((n for n in cands if n != "sdpa"), key=cands.get)
+            print(f"#   {label:16s} {best:16s} {cands[best]:7.0f}  sdpa {cands.get('sdpa', 0):7.0f}  table "
+                  f"{cands.get('table', 0):7.0f}", flush=True)
     out_dir = os.environ.get("OUT")
     if out_dir:
         with open(os.path.join(out_dir, "decode_ab.json"), "w") as f:

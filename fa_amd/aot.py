@@ -256,10 +256,12 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     tables fuse, dkdv_atomic only where they choose atomic dQ, "short" only for entries with a "short"
     override, "split" only for the dK/dV kernels, rotary only in its two variants, the decode kernels
     in their aot_launches.DECODE_VARIANTS (the decode-only variants nowhere else)."""
-    from .tuning import bwd_fusable, family_of, nondeterministic_dq
+    from .tuning import bwd_fusable, family_of, nondeterministic_dq, tables
 
     family = family_of(_arch_of(target))
     if kernel in DECODE_KERNELS:
+        if kernel == "merge" and family in tables.DECODE_FUSED_MERGE_FAMILIES:
+            return False  # the decode kernel merges its splits there (no merge launch)
         return variant in ("",) + DECODE_VARIANTS[kernel]
     if variant in DECODE_ONLY_VARIANTS:
         return False
@@ -332,6 +334,8 @@ def _decode_ci_jobs(target: str, kernel: str, dtype: str) -> List[CompileJob]:
     at its heaviest table row, the merge (with sinks) and the append (paged, rotary) at the largest head
     dim.  (The other routes, the wide tile and fp32: the full sweep; under triton 3.2 a decode build
     takes 10-30 s on one core.)"""
+    if not builds(target, kernel, 256, variant="all"):  # (the merge, where the decode kernel merges)
+        return []
     d = 256
     if kernel == "decode":
         d = max((64, 128, 256), key=lambda d: _pressure(kernel, decode_config(target, kernel, d), d))

@@ -6,9 +6,10 @@ tables choose under the installed triton.  CPU-cheap: nothing is compiled here (
 import pytest
 import torch
 
-from fa_amd import aot, aot_launches
-from fa_amd.tuning import decode_entry_config, get_decode_config
-from fa_amd.tuning.tables import DECODE_FP8, DECODE_TABLES, DECODE_WIDE_ROWS, TRITON_OVERRIDES
+from fa_amd import aot, aot_launches, tuning
+from fa_amd.tuning import decode_entry_config, get_decode_config, tables
+from fa_amd.tuning.tables import (DECODE_FP8, DECODE_FUSED_MERGE_FAMILIES, DECODE_TABLES, DECODE_WIDE_ROWS,
+                                  TRITON_OVERRIDES)
 
 
 def _args(target, kernel, variant, d=128, dtype="bf16"):
@@ -19,9 +20,10 @@ def _args(target, kernel, variant, d=128, dtype="bf16"):
 def test_decode_jobs_cover_every_target_and_route():
     targets = [t for t in aot.DEFAULT_TARGETS if aot.target_supported(t) is None]
     ci = aot.ci_jobs(targets, aot.DEFAULT_KERNELS)
-    for t in targets:  # the CI subset: the paged all-features decode, the merge, the append
+    for t in targets:  # the CI subset: the paged all-features decode, the merge (where launched), the append
         got = {(j.kernel, j.variant) for j in ci if j.target == t and j.kernel in aot.DECODE_KERNELS}
-        assert got == {("decode", "all"), ("merge", "all"), ("append", "all")}, (t, got)
+        fused = tuning.family_of(aot._arch_of(t)) in DECODE_FUSED_MERGE_FAMILIES
+        assert got == {("decode", "all"), ("append", "all")} | (set() if fused else {("merge", "all")}), (t, got)
     full = aot.full_jobs(["gfx942"], aot.KERNELS)
     for kernel in aot.DECODE_KERNELS:
         jobs = [j for j in full if j.kernel == kernel]
@@ -58,6 +60,12 @@ def test_decode_launches_carry_the_tables_and_features():
     assert call.kwargs["RELOAD_CHUNK"] == 32 and not a["ROTARY"] and "waves_per_eu" in call.kwargs
     a, _ = _args("sm90", "decode", "all")
     assert a["ROTARY"] and a["RELOAD_CHUNK"] == 0
+    # the split decode merges its splits in the kernel where the tables say so (no merge launch), else not
+    fused = "sm90" in DECODE_FUSED_MERGE_FAMILIES
+    assert a["FUSED_MERGE"] == fused and (a["SplitCounters"] is not None) == fused
+    assert aot.builds("sm90", "merge", 256, variant="all") != fused
+    a, _ = _args("gfx942", "decode", "all")
+    assert not a["FUSED_MERGE"] and a["SplitCounters"] is None
     a, call = _args("gfx942", "merge", "all", d=256)
     assert a["HAS_SINKS"] and a["BLOCK_R"] == get_decode_config(aot._arch_of("gfx942"), 256)["merge"]["BLOCK_M"]
     assert a["Out"].dtype == torch.bfloat16 and a["OutPart"].dtype == torch.float32
@@ -160,6 +168,8 @@ def test_decode_aot_signatures_are_the_public_api_launches(kernel, variant, monk
     def run(p):
         public_decode_launch(variant, aot_launches._decode_inputs(p), torch.bfloat16)
 
+    if kernel == "merge":  # (the interpreter's family merges in the decode kernel: the merge launch's route)
+        monkeypatch.setattr(tables, "DECODE_FUSED_MERGE_FAMILIES", ())
     got, want = recorded_public_calls(kernel, variant, run, monkeypatch)
     assert got == want
 

@@ -5,7 +5,9 @@ Rows of a tile are (query token, head-in-group) pairs of ONE KV head: with one q
 GROUP query heads of a KV group share a tile, so each K/V block is read once per group (not once
 per query head); with seqlen_q > 1 (speculative decoding, chunked prefill) the tokens fold into
 the rows too.  The key axis is split over programs (grid axis 0) so that a small batch still
-fills the GPU; `split_merge_kernel` combines the splits by their log-sum-exp.
+fills the GPU; the splits are combined by their log-sum-exp (`_merge_splits`): by the last split
+program of each tile to finish, inside the decode kernel (tables.DECODE_FUSED_MERGE_FAMILIES, one
+launch per call), or by `split_merge_kernel` launched after it.
 
 Key addressing modes (constexprs), one loop for all:
   * dense cache (batch_cache, seqlen_cache, hk, d), row b or cache_batch_idx[b];
@@ -39,7 +41,7 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
-from ..tuning import get_decode_config, get_decode_split_policy
+from ..tuning import family_of, get_decode_config, get_decode_split_policy, tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, head_dim_padded, launch, new_output, score_args
 from .rotary import rotary_forward
@@ -238,6 +240,7 @@ def decode_kernel(
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, Descale=None, FP8_MAX: tl.constexpr = 0.0,
+    SplitCounters=None, FUSED_MERGE: tl.constexpr = False,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -246,6 +249,8 @@ def decode_kernel(
     K_PACKED: keys are packed varlen rows starting at cu_seqlens_k[b] (else row b of the cache, or
     pages).  With SPLIT each program writes its normalized partial output and log2-sum-exp to
     OutPart / LsePart (split, token, head), merged by split_merge_kernel; else Out / Lse directly.
+    FUSED_MERGE (with SPLIT; tables.DECODE_FUSED_MERGE_FAMILIES): no merge launch -- the last split
+    program of each tile to finish merges the tile's partials itself (_last_split_merges).
     Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
     adds them instead, so each row counts its sink once.
     FP8 caches (and q) with Descale (batch, n_kv_heads, 3): module doc.
@@ -401,35 +406,62 @@ def decode_kernel(
         part_row = (split.to(tl.int64) * total_q + t) * n_heads + h
         tl.store(OutPart + part_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_ok)
         tl.store(LsePart + part_row, lse2, mask=row_ok)
+        if FUSED_MERGE:
+            _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, tok, h, t, offs_d,
+                               q_ok, row_ok, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh,
+                               stride_lb, stride_lh, HEAD_DIM, D_PAD, BLOCK_M, HAS_SINKS)
     else:
-        o_rows = Out + (q_start + tok).to(tl.int64) * stride_om + b64 * stride_ob + h * stride_oh
-        tl.store(o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=q_ok)
         # flash-attn convention: a row that sees no key has output 0 and lse +inf
         lse = tl.where(empty_row, float("inf"), lse2 * LN2)
-        tl.store(Lse + b64 * stride_lb + h * stride_lh + q_start + tok, lse, mask=row_ok)
+        _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, q_ok, row_ok,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh)
 
 
 @triton.jit
-def split_merge_kernel(
-    Out, Lse, OutPart, LsePart,
-    n_rows, n_heads, rows_per_seq, n_splits,
-    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False,
-):
-    """Out[token, head] = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (empty splits: w 0).
+def _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, q_ok, row_ok,
+                stride_ob, stride_om, stride_oh, stride_lb, stride_lh):
+    """A decode tile's final output rows and their (natural-log) lse."""
+    o_rows = Out + (q_start + tok).to(tl.int64) * stride_om + b64 * stride_ob + h * stride_oh
+    tl.store(o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=q_ok)
+    tl.store(Lse + b64 * stride_lb + h * stride_lh + q_start + tok, lse, mask=row_ok)
 
-    Rows are (token, head) pairs; a token t is (sequence t // rows_per_seq, position t % rows_per_seq)
-    (rows_per_seq = seqlen_q for dense q, and = total tokens for varlen q, whose Out has no batch axis)."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, D_PAD)
-    ok = offs_r < n_rows
-    rows64 = offs_r.to(tl.int64)
+
+@triton.jit
+def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, tok, h, t, offs_d,
+                       q_ok, row_ok, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """After this program stored its partial: count it in its tile's counter (one int32 per program of
+    grid axis 0 and sequence, zero before the launch); the program that arrives last merges every
+    split's partial of the tile, writes Out / Lse, and sets the counter back to 0, so the buffer is
+    zero again after every launch (no memset per call; graph replays included).
+
+    Ordering: the barrier puts every thread's partial stores before the counter RMW, which one thread
+    issues (a scalar atomic) with release semantics at GPU scope; the last program's RMW acquires
+    each earlier program's release, and Triton hands the RMW's result to the other threads through
+    shared memory behind a barrier, so the merge's loads see every partial."""
+    counter = SplitCounters + b64 * tl.num_programs(0) + tl.program_id(0)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_splits - 1:
+        out, lse = _merge_splits(OutPart, LsePart, t.to(tl.int64) * n_heads + h, row_ok, h, total_q * n_heads,
+                                 n_splits, offs_d, Sinks, HEAD_DIM, D_PAD, BLOCK_M, HAS_SINKS)
+        _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, q_ok, row_ok,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh)
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # every split has arrived: nobody else touches it
+
+
+@triton.jit
+def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d, Sinks,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(out, lse) of rows `rows64` (token * n_heads + head, `ok` the live ones; `heads` their query heads)
+    merged over the n_splits partials of OutPart / LsePart (split-major, n_rows rows per split):
+    out = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (an empty split, lse -inf, has w 0;
+    a sink adds a term without a value row); a row no split saw gets out 0 and lse +inf (flash-attn)."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     for s in range(0, n_splits):
         m = tl.maximum(m, tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf")))
     if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
-        sink_log2 = tl.load(Sinks + offs_r % n_heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
+        sink_log2 = tl.load(Sinks + heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
         m = tl.maximum(m, sink_log2)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -448,6 +480,27 @@ def split_merge_kernel(
     empty = den == 0.0
     out = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("inf"), (m_safe + tl.log2(tl.where(empty, 1.0, den))) * LN2)
+    return out, lse
+
+
+@triton.jit
+def split_merge_kernel(
+    Out, Lse, OutPart, LsePart,
+    n_rows, n_heads, rows_per_seq, n_splits,
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
+    Sinks=None, HAS_SINKS: tl.constexpr = False,
+):
+    """Out[token, head] = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (empty splits: w 0).
+
+    Rows are (token, head) pairs; a token t is (sequence t // rows_per_seq, position t % rows_per_seq)
+    (rows_per_seq = seqlen_q for dense q, and = total tokens for varlen q, whose Out has no batch axis)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, D_PAD)
+    ok = offs_r < n_rows
+    out, lse = _merge_splits(OutPart, LsePart, offs_r.to(tl.int64), ok, offs_r % n_heads, n_rows, n_splits, offs_d,
+                             Sinks, HEAD_DIM, D_PAD, BLOCK_R, HAS_SINKS)
+    d_ok = offs_d[None, :] < HEAD_DIM
     t = offs_r // n_heads
     h = offs_r % n_heads
     seq = (t // rows_per_seq).to(tl.int64)
@@ -540,6 +593,38 @@ def _sms(q) -> int:
     return _SMS[key]
 
 
+# (device, stream) -> the zeroed int32 split counters of the fused merge (decode_kernel FUSED_MERGE),
+# and every buffer a grown one replaced (kept: a captured CUDA/HIP graph may still use it)
+_SPLIT_COUNTERS = {}
+_RETIRED_COUNTERS = []
+
+
+def _split_counters(q, n: int) -> torch.Tensor:
+    """At least n int32 counters, all zero, for a fused-merge decode launch on q's device and stream.
+
+    The kernel leaves them zero (its last split program of each tile resets its counter), so one
+    buffer serves every later launch, and a launch captured into a graph stays right at each replay,
+    with no memset per call.  One buffer per stream, as launches on two streams may run at once and
+    must not share counters.  A graph uses the buffer of the stream it was captured on: graphs
+    captured on one stream must not be replayed at the same time as each other, or as decode calls
+    on that stream (replays one after another on any stream are fine).  Grown (outside capture) to
+    the next power of two, the old buffer kept alive (a graph may hold it); a capture that needs a
+    bigger buffer than its stream has gets a fresh zeroed one (the memset is captured with the graph,
+    so it is right at every replay) that nothing else uses."""
+    device = q.device
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    buf = _SPLIT_COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if stream is not None and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if buf is not None:
+        _RETIRED_COUNTERS.append(buf)
+    buf = _SPLIT_COUNTERS[key] = torch.zeros(max(256, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
+    return buf
+
+
 def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
     """q (b, sq, h, d) rotated at cache_seqlens (+ i per token), on the device, by the fused rotary kernel."""
     batch, seqlen_q = q.shape[:2]
@@ -567,6 +652,7 @@ class _DecodePlan(NamedTuple):
     merge_grid: tuple
     merge_ints: tuple
     merge_kwargs: dict
+    counters: int  # split counters the fused merge needs (_split_counters); 0: a merge launch, or no split
     replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
 
 
@@ -618,8 +704,10 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
         extra["Sinks"] = sinks
     if descale is not None:
         extra["Descale"] = descale
+    if plan.counters:
+        extra["SplitCounters"] = _split_counters(q, plan.counters)
     _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra)
-    if plan.part_shapes is not None:
+    if plan.part_shapes is not None and not plan.counters:
         _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
                          plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {})
     return out, lse
@@ -656,7 +744,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                     None if key_mask is None else (key_mask.shape, key_mask.stride(), key_mask.dtype),
                     cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
                     cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
-                    window_right, softcap, num_splits)
+                    window_right, softcap, num_splits, tables.DECODE_FUSED_MERGE_FAMILIES)
         plan = _PLANS.get(plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
@@ -744,11 +832,17 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     # sinks only when given: a launch without them compiles to the same code as before they existed
     sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
     kwargs.update(sink_kwargs, **_fp8_kwargs(k_cache, descale))
+    # the last split of each tile merges the splits (no merge launch) where the tables say so
+    counters = 0
+    if split and family_of(arch) in tables.DECODE_FUSED_MERGE_FAMILIES:
+        # one counter per (sequence, program of grid axis 0); row tiles are at least 16 rows (launch._shrink)
+        counters = batch * hk * cdiv(seqlen_q * group, 16)
+        kwargs.update(SplitCounters=_split_counters(q, counters), FUSED_MERGE=True)
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
     grid0 = lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"])  # noqa: E731
     fitted = launch(decode_kernel, cfg, grid0, (splits, batch), tensors + ints, kwargs)
     merge_grid, merge_ints, merge_kwargs = (), (), {}
-    if split:
+    if split and not counters:
         merge = get_decode_config(arch, d_pad, q.dtype == torch.float32)["merge"]
         n_rows = total_q * hq
         merge_grid = (cdiv(n_rows, merge["BLOCK_M"]),)
@@ -767,11 +861,11 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale")}
+        launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale", "SplitCounters")}
         launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],
                              **{k_: v_ for k_, v_ in fitted.items() if k_ not in ("BLOCK_M", "BLOCK_N")})
         _PLANS[plan_key] = _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, {})
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {})
     return out, lse

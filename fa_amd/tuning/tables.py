@@ -485,6 +485,14 @@ DECODE_SPLITS = {
     "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
                 "min_blocks_per_split": 2},
 }
+# Families whose split decode merges the key splits inside the decode kernel: the last split program
+# of each tile to finish (an acq_rel counter per tile, reset by that program) merges the tile's partials
+# (decode._last_split_merges), instead of a split_merge_kernel launch after it -- one launch less per
+# call (host time at small batches) and no merge kernel on the GPU.  Not timed yet: .ci/decode_ab.py's
+# "merge" stage times fused vs separate on the `fa-amd bench --decode` rows.  AMD families keep the
+# merge launch (untimed there; on multi-XCD CDNA3 each release writes back the XCD's L2).  "cpu" (the
+# interpreter) fuses, so CI tests this path; the tests switch to the merge launch too.
+DECODE_FUSED_MERGE_FAMILIES = ("sm90", "cpu")
 
 
 # --------------------------------------------------------------------------- FP8 (fa_amd/fp8.py)

@@ -28,8 +28,9 @@ def poison_outputs(monkeypatch):
 
 def make_case(device, dtype=torch.float16, b=2, sq=1, hq=4, hk=2, d=64, cache=37, new=0, rot=0.0, interleaved=False,
               page=None, batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, softcap=0.0,
-              splits=1, seqlens="tensor", sinks=False, seed=0):
-    """Inputs of one flash_attn_with_kvcache call (random, never zero) and the kwargs both sides take."""
+              splits=1, seqlens="tensor", sinks=False, seed=0, fixed_lens=None):
+    """Inputs of one flash_attn_with_kvcache call (random, never zero) and the kwargs both sides take
+    (`fixed_lens`: these cache_seqlens instead of random ones)."""
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
@@ -52,6 +53,8 @@ def make_case(device, dtype=torch.float16, b=2, sq=1, hq=4, hk=2, d=64, cache=37
     if new:
         k, v = rnd(b, new, hk, d), rnd(b, new, hk, d)
     lens = torch.randint(0 if new else 1, capacity - new + 1, (b,), generator=gen, dtype=torch.int32)
+    if fixed_lens is not None:
+        lens = torch.tensor(fixed_lens, dtype=torch.int32)
     kw = dict(causal=causal, window_size=window, softcap=softcap)
     if seqlens == "int":
         kw["cache_seqlens"] = int(lens[0])
@@ -188,18 +191,24 @@ def test_block_table_padding_entries_past_the_sequence_are_never_used(device):
 
 # --------------------------------------------------------------------------- varlen: block_table / seqused_k
 
+def paged_varlen_inputs(device, lens_q, lens_k, hq, hk, d, dtype, page, spare_pages, extra_q=0):
+    """(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k) of a varlen call over paged keys
+    (shuffled pages, `spare_pages` nobody uses; `extra_q` tokens past cu_seqlens_q[-1])."""
+    per_seq = max(math.ceil(n / page) for n in lens_k)
+    num_pages = len(lens_k) * per_seq + spare_pages
+    k_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
+    v_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
+    table = torch.randperm(num_pages, device=device)[: len(lens_k) * per_seq].view(len(lens_k), per_seq).int()
+    q = torch.randn(sum(lens_q) + extra_q, hq, d, device=device).to(dtype)
+    return q, k_pages, v_pages, table, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+
+
 @pytest.mark.parametrize("page,causal,window", [(16, True, (-1, -1)), (48, False, (7, 3))])
 def test_varlen_block_table(device, page, causal, window):
     torch.manual_seed(0)
     lens_q, lens_k = [3, 0, 1, 20], [10, 5, 33, 20]  # an empty query segment; chunked prefill on a cache
     hq, hk, d, dtype = 4, 2, 40, torch.float16
-    per_seq = max(math.ceil(n / page) for n in lens_k)
-    num_pages = len(lens_k) * per_seq + 2
-    k_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
-    v_pages = torch.randn(num_pages, page, hk, d, device=device).to(dtype)
-    table = torch.randperm(num_pages, device=device)[: len(lens_k) * per_seq].view(len(lens_k), per_seq).int()
-    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
-    q = torch.randn(sum(lens_q), hq, d, device=device).to(dtype)
+    q, k_pages, v_pages, table, cu_q, cu_k = paged_varlen_inputs(device, lens_q, lens_k, hq, hk, d, dtype, page, 2)
     kw = dict(causal=causal, window_size=window)
     out = fa_amd.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
                                         block_table=table, **kw)
@@ -457,14 +466,23 @@ def test_cuda_graph_capture_then_change_cache_seqlens(paged, append):
         if append:
             k.copy_(torch.randn_like(k))
             v.copy_(torch.randn_like(v))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref, _, k_exp, v_exp = attention_kvcache_ref(q, k_base, v_base, k, v, **kw)
-        ref_lp, _, _, _ = attention_kvcache_ref(q, k_base, v_base, k, v, upcast=False, **kw)
-        assert_close_to_ref("graph replay", out, ref, ref_lp, torch.bfloat16)
+        k_exp, v_exp = replay_and_check(graph, out, q, k_base, v_base, k, v, kw)
         if append:
             torch.testing.assert_close(k_cache.double(), k_exp.double(), atol=2e-2, rtol=2e-2)
             assert torch.equal(v_cache, v_exp)
+
+
+def replay_and_check(graph, out, q, k_cache, v_cache, k, v, kw):
+    """Replay `graph`, whose captured call wrote `out`: it must equal the reference over the caches as
+    given (before the call's append of k / v), and leave the fused merge's counters at zero (there are
+    none where the merge is launched).  Returns the expected caches after the append."""
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _, k_exp, v_exp = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    assert_close_to_ref("graph replay", out, ref, ref_lp, torch.bfloat16)
+    assert _counters_all_zero()
+    return k_exp, v_exp
 
 
 @pytest.mark.gpu
@@ -601,6 +619,7 @@ def test_replayed_decode_launches_equal_the_jit_launches(sinks):
     """A decode loop's later calls launch through the plan's replayed CompiledKernels: bit-equal to a
     JIT launch on fresh data, inside CUDA-graph capture too, and a misaligned view (another Triton
     specialisation) goes through the JIT and is still right."""
+    from fa_amd import tuning
     from fa_amd.kernels import decode as dec
 
     torch.manual_seed(3)
@@ -618,7 +637,8 @@ def test_replayed_decode_launches_equal_the_jit_launches(sinks):
     call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # builds the plan
     call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # its JIT launch becomes the replay
     (plan,) = dec._PLANS.values()
-    assert set(plan.replays) == {"decode", "merge"}
+    fused = tuning.family_of(fa_amd.arch.arch_for(k_cache)) in tuning.tables.DECODE_FUSED_MERGE_FAMILIES
+    assert set(plan.replays) == ({"decode"} if fused else {"decode", "merge"}) and bool(plan.counters) == fused
     q = torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     replayed = call(q)
     dec._PLANS.clear()
@@ -660,3 +680,148 @@ def test_plan_hits_with_sinks_and_splits_equal_the_full_path(device):
     assert len(dec._PLANS) == 1 and next(iter(dec._PLANS.values())).part_shapes is not None
     for a, b in zip(hit, full):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- split merge: fused or launched
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("split_merge_kernel launched, but the decode kernel merges its splits here")
+
+
+def _use_merge(monkeypatch, device, mode):
+    """'fused': the last split program of each tile merges (tables.DECODE_FUSED_MERGE_FAMILIES; a merge
+    launch fails the test); 'launch': split_merge_kernel after the decode kernel."""
+    from fa_amd import tuning
+    from fa_amd.tuning import tables
+
+    family = tuning.family_of(fa_amd.arch.arch_for(torch.empty(0, device=device)))
+    others = tuple(f for f in tables.DECODE_FUSED_MERGE_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "DECODE_FUSED_MERGE_FAMILIES", others + ((family,) if mode == "fused" else ()))
+    if mode == "fused":
+        monkeypatch.setattr(decode, "split_merge_kernel", _NoLaunch())
+
+
+def _counters_all_zero():
+    return all(not buf.any() for buf in decode._SPLIT_COUNTERS.values())
+
+
+# key splits forced (num_splits), so the interpreter (one SM: the heuristic never splits) merges
+SPLIT_CASES = {
+    "gqa3_sq3_causal_splits3": dict(hq=6, hk=2, sq=3, causal=True, splits=3, cache=45),
+    "paged16_sinks_splits4": dict(page=16, sinks=True, splits=4, cache=70, seed=2),
+    # seq 0: 2 keys in the first of 5 one-block splits (4 empty splits); seq 1: no key at all
+    "empty_splits_sinks": dict(b=3, hq=6, hk=3, d=40, cache=80, splits=5, fixed_lens=[2, 0, 75], sinks=True),
+    "wide_rows_append_rot_d59": dict(hq=6, hk=2, sq=6, new=6, causal=True, rot=1.0, splits=2, d=59),
+    # 37 query rows per KV head: two (wide) row tiles, each with its own counter; many rows see no key
+    "two_row_tiles_mha_sq37": dict(hq=2, hk=2, sq=37, causal=True, splits=2, cache=60, d=24),
+    "fp32_mqa_local_sq2": dict(dtype=torch.float32, hq=3, hk=1, sq=2, causal=True, window=(9, 0), splits=3, cache=50),
+}
+
+
+@pytest.mark.parametrize("mode", ["fused", "launch"])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_merge_modes(device, monkeypatch, case, mode):
+    _use_merge(monkeypatch, device, mode)
+    check_case(device, **SPLIT_CASES[case])
+    assert _counters_all_zero()
+
+
+def test_fused_and_launched_merge_give_the_same_bits(device, monkeypatch):
+    """Both modes run the one merge helper (_merge_splits) over the same partials: equal outputs and lse."""
+    results = []
+    for mode in ("fused", "launch"):
+        with monkeypatch.context() as m:
+            _use_merge(m, device, mode)
+            q, k_cache, v_cache, _, _, kw, splits = make_case(device, **SPLIT_CASES["empty_splits_sinks"])
+            results.append(fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=splits,
+                                                          return_softmax_lse=True, **kw))
+    for fused, launched in zip(*results):
+        torch.testing.assert_close(fused, launched, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["fused", "launch"])
+def test_split_merge_varlen_q_paged(device, monkeypatch, mode):
+    """Varlen q (packed tokens, an empty segment, tokens past cu_seqlens_q[-1]) over paged keys with
+    key splits and sinks: the merged rows land in the packed output without a batch axis."""
+    _use_merge(monkeypatch, device, mode)
+    torch.manual_seed(5)
+    lens_q, lens_k = [3, 0, 1, 2], [40, 7, 33, 5]
+    hq, hk, d, dtype = 6, 2, 48, torch.float16
+    # (2 tokens of no sequence at the end: static buffers)
+    q, k_pages, v_pages, table, cu_q, cu_k = paged_varlen_inputs(device, lens_q, lens_k, hq, hk, d, dtype, 16, 1,
+                                                                 extra_q=2)
+    n = sum(lens_q)
+    sinks = torch.randn(hq, device=device)
+    out, lse = decode.decode_forward(q, k_pages, v_pages, d ** -0.5, -1, 0, 0.0, None, cu_seqlens_q=cu_q,
+                                     max_seqlen_q=max(lens_q), cu_seqlens_k=cu_k, block_table=table, num_splits=3,
+                                     sinks=sinks)
+    kw = dict(causal=True, sinks=sinks)
+    ref64, lse64 = attention_paged_varlen_ref(q[:n], k_pages, v_pages, cu_q, cu_k, table, **kw)
+    ref_lp, _ = attention_paged_varlen_ref(q[:n], k_pages, v_pages, cu_q, cu_k, table, upcast=False, **kw)
+    assert_close_to_ref("out", out[:n], ref64, ref_lp, dtype)
+    assert (lse[:, :n].double() - lse64).abs().max().item() < 1e-3 * max(1.0, lse64.abs().max().item())
+    assert torch.equal(out[n:], torch.zeros_like(out[n:])) and torch.isneginf(lse[:, n:]).all()
+    assert _counters_all_zero()
+
+
+def test_split_counters_stay_zero_and_grow(device, monkeypatch):
+    """The fused merge's counters are zero after every call (plan miss and hit, dense and paged, sinks),
+    with no memset per call: one buffer per (device, stream), reused; a call that needs more counters
+    gets a bigger zeroed buffer, and the old one is kept (a captured graph may still use it)."""
+    _use_merge(monkeypatch, device, "fused")
+    monkeypatch.setattr(decode, "_SPLIT_COUNTERS", {})
+    monkeypatch.setattr(decode, "_RETIRED_COUNTERS", [])
+    decode._PLANS.clear()
+    for case in ("paged16_sinks_splits4", "paged16_sinks_splits4", "gqa3_sq3_causal_splits3"):  # miss, hit, another
+        q, k_cache, v_cache, k, v, kw, splits = make_case(device, **SPLIT_CASES[case])
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, num_splits=splits, **kw)
+        assert len(decode._SPLIT_COUNTERS) == 1 and _counters_all_zero()
+    (buf,) = decode._SPLIT_COUNTERS.values()
+    assert buf.dtype == torch.int32 and buf.numel() >= 256
+    q = torch.empty(1, device=device)
+    assert decode._split_counters(q, 10) is buf
+    bigger = decode._split_counters(q, buf.numel() + 1)
+    assert bigger.numel() == 2 * buf.numel() and not bigger.any() and decode._RETIRED_COUNTERS == [buf]
+    assert decode._split_counters(q, 3) is bigger
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warm_on_capture_stream", [False, True])
+def test_fused_merge_under_graph_capture(monkeypatch, warm_on_capture_stream):
+    """The fused merge inside a CUDA graph: its counters are the capture stream's cached buffer (a call
+    on that stream before the capture) or, when the capture's call is that stream's first, a fresh
+    zeroed one captured with the graph; every replay is right and leaves the cached counters at zero.
+    The launched merge gives the same result."""
+    _use_merge(monkeypatch, "cuda", "fused")
+    monkeypatch.setattr(decode, "_SPLIT_COUNTERS", {})
+    torch.manual_seed(2)
+    q, k_cache, v_cache, _, _, kw, _ = make_case("cuda", dtype=torch.bfloat16, b=2, hq=8, hk=2, d=128, cache=3000,
+                                                 causal=True, sinks=True, page=64)
+
+    def call():
+        return fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=6, return_softmax_lse=True, **kw)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # compile
+    capture_stream = torch.cuda.Stream()
+    if warm_on_capture_stream:
+        capture_stream.wait_stream(side)
+        with torch.cuda.stream(capture_stream):
+            call()
+    torch.cuda.synchronize()
+    cached = len(decode._SPLIT_COUNTERS)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        out, lse = call()
+    assert len(decode._SPLIT_COUNTERS) == cached  # (a capture never caches a buffer)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        replay_and_check(graph, out, q, k_cache, v_cache, None, None, kw)
+    with monkeypatch.context() as m:
+        _use_merge(m, "cuda", "launch")
+        launched, launched_lse = call()
+    torch.testing.assert_close(out, launched, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, launched_lse, atol=1e-4, rtol=1e-4)
