@@ -119,7 +119,8 @@ TABLES = {
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
         # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d72 / d80 = 64 + 16 too): the d128 row but a
         # causal forward tile of 128x64/w4/s3 (.ci/head_split_ab.py --tiles, TILESET=d96, H100, 2026-11-24,
-        # d96 h21 causal fwd TFLOP/s s1k / s4k: 214 / 345 vs 64x64/w4/s3 203 / 330, 64x64/w4/s4 199 / 325).
+        # d96 h21 causal fwd TFLOP/s s1k / s4k: 214 / 345 vs 64x64/w4/s3 203 / 330, 64x64/w4/s4 199 / 325; rows
+        # of at most SHORT_SEQLEN_K keys take the "short" tile, which the overrides apply after "causal").
         {"head_dim": 96,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
@@ -488,8 +489,10 @@ DECODE_SPLITS = {
 # Families whose split decode merges the key splits inside the decode kernel: the last split program
 # of each tile to finish (an acq_rel counter per tile, reset by that program) merges the tile's partials
 # (decode._last_split_merges), instead of a split_merge_kernel launch after it -- one launch less per
-# call (host time at small batches) and no merge kernel on the GPU.  Not timed yet: .ci/decode_ab.py's
-# "merge" stage times fused vs separate on the `fa-amd bench --decode` rows.  AMD families keep the
+# call (host time at small batches) and no merge kernel on the GPU.  H100 (.ci/decode_ab.py --stages merge,
+# 7 interleaved rounds, 2026-11-24, bf16 GQA 32/8 d128, KV GB/s fused / launched): b1 2k 454 / 103, b1 8k
+# 935 / 890, b1 32k 1668 / 1397, b8 8k 2439 / 2379, b8 32k 2890 / 2866; rows without splits (b64) equal
+# (0.998-1.000x).  AMD families keep the
 # merge launch (untimed there; on multi-XCD CDNA3 each release writes back the XCD's L2).  "cpu" (the
 # interpreter) fuses, so CI tests this path; the tests switch to the merge launch too.
 DECODE_FUSED_MERGE_FAMILIES = ("sm90", "cpu")

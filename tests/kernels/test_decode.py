@@ -689,6 +689,9 @@ class _NoLaunch:
         raise AssertionError("split_merge_kernel launched, but the decode kernel merges its splits here")
 
 
+_SPLIT_MERGE_KERNEL = decode.split_merge_kernel
+
+
 def _use_merge(monkeypatch, device, mode):
     """'fused': the last split program of each tile merges (tables.DECODE_FUSED_MERGE_FAMILIES; a merge
     launch fails the test); 'launch': split_merge_kernel after the decode kernel."""
@@ -700,6 +703,8 @@ def _use_merge(monkeypatch, device, mode):
     monkeypatch.setattr(tables, "DECODE_FUSED_MERGE_FAMILIES", others + ((family,) if mode == "fused" else ()))
     if mode == "fused":
         monkeypatch.setattr(decode, "split_merge_kernel", _NoLaunch())
+    elif isinstance(decode.split_merge_kernel, _NoLaunch):  # (a nested context undoing an outer "fused")
+        monkeypatch.setattr(decode, "split_merge_kernel", _SPLIT_MERGE_KERNEL)
 
 
 def _counters_all_zero():
