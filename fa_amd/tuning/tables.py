@@ -76,9 +76,13 @@ FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
 # Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
 # chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
 # instead of padding it to the next power of two: every head-dim-wide matmul then does d / d_pad of the
-# padded one's work (3/4 at d192 and d96).  The launch keeps the padded head dim's table row.  Not with
-# RELOAD_CHUNK (gfx1100) or FP8 inputs.
+# padded one's work (3/4 at d192 and d96).  The launch reads the table row of the chunks' sum (sm90: rows 96
+# and 192).  Not with RELOAD_CHUNK (gfx1100) or FP8 inputs.
 HEAD_DIM_SPLIT_FAMILIES = ("sm90", "cpu")
+# Only head dims padded to at least this split (first chunk >= 64 columns): 40 / 48 as 32 + 16 computed wrong
+# outputs (and once an illegal address) on the H100 under triton 3.6 while the interpreter, with the same
+# tiles, matched the reference; 64 + 16 / 32 and 128 + 32 / 64 passed the GPU sweep.
+HEAD_DIM_SPLIT_MIN_PADDED = 128
 
 # Per-Triton overrides: an entry may hold "triton<X.Y" dicts, applied when the installed triton is
 # older than X.Y, before the case overrides below (fa_amd.tuning.resolve_entry; broadest bound
