@@ -324,13 +324,13 @@ def bwd_preprocess_config(arch: Arch, head_dim_padded: int) -> Dict:
 def head_dim_chunks(arch: Arch, head_dim: int, head_dim_padded: int) -> tuple:
     """(D_PAD, D_HI): the head-dim chunks the kernels compute.  (head_dim_padded, 0) -- one chunk -- unless the
     family splits (tables.HEAD_DIM_SPLIT_FAMILIES), the padded head dim is at least tables.HEAD_DIM_SPLIT_MIN_PADDED
-    and the split saves work: then (head_dim_padded / 2, the power of
-    two >= 16 holding the rest).  The launch reads the table row of D_PAD + D_HI (the first row whose head_dim is
-    at least that: e.g. a 192 row for 128 + 64, else the padded head dim's row); where that row's entry sets
-    RELOAD_CHUNK, the launch runs one chunk (the reloading kernels take no second one)."""
+    and the rest past head_dim_padded / 2 is itself a power of two >= 16 (no padded column in the second chunk;
+    tables says why): then (head_dim_padded / 2, that rest).  The launch reads the table row of D_PAD + D_HI (the
+    first row whose head_dim is at least that: e.g. a 192 row for 128 + 64, else the padded head dim's row);
+    where that row's entry sets RELOAD_CHUNK, the launch runs one chunk (the reloading kernels take no second one)."""
     lo = head_dim_padded // 2
-    hi = max(16, 1 << max(0, head_dim - lo - 1).bit_length())
-    if (head_dim <= lo or lo + hi >= head_dim_padded or head_dim_padded < tables.HEAD_DIM_SPLIT_MIN_PADDED
+    hi = head_dim - lo
+    if (hi < 16 or hi & (hi - 1) or lo + hi >= head_dim_padded or head_dim_padded < tables.HEAD_DIM_SPLIT_MIN_PADDED
             or family_of(arch) not in tables.HEAD_DIM_SPLIT_FAMILIES):
         return head_dim_padded, 0
     return lo, hi

@@ -79,9 +79,11 @@ FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
 # padded one's work (3/4 at d192 and d96).  The launch reads the table row of the chunks' sum (sm90: rows 96
 # and 192).  Not with RELOAD_CHUNK (gfx1100) or FP8 inputs.
 HEAD_DIM_SPLIT_FAMILIES = ("sm90", "cpu")
-# Only head dims padded to at least this split (first chunk >= 64 columns): 40 / 48 as 32 + 16 computed wrong
-# outputs (and once an illegal address) on the H100 under triton 3.6 while the interpreter, with the same
-# tiles, matched the reference; 64 + 16 / 32 and 128 + 32 / 64 passed the GPU sweep.
+# Only head dims padded to at least this split (first chunk >= 64 columns), and only where the second chunk
+# has no padded columns (80, 96, 160, 192; not 72 or 40, tuning.head_dim_chunks): on the H100 under triton 3.6
+# a second chunk whose columns are partly masked (40 = 32 + 8 of 16, 72 = 64 + 8 of 16) computed wrong outputs
+# and once hit an illegal address, while the interpreter with the same tiles matched the reference; 80 / 96 /
+# 160 / 192 passed the GPU sweep (tests/kernels/test_attention_gpu.py::test_head_dims).
 HEAD_DIM_SPLIT_MIN_PADDED = 128
 
 # Per-Triton overrides: an entry may hold "triton<X.Y" dicts, applied when the installed triton is
@@ -121,7 +123,7 @@ TABLES = {
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
-        # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d72 / d80 = 64 + 16 too): the d128 row but a
+        # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d80 = 64 + 16 too): the d128 row but a
         # causal forward tile of 128x64/w4/s3 (.ci/head_split_ab.py --tiles, TILESET=d96, H100, 2026-11-24,
         # d96 h21 causal fwd TFLOP/s s1k / s4k: 214 / 345 vs 64x64/w4/s3 203 / 330, 64x64/w4/s4 199 / 325; rows
         # of at most SHORT_SEQLEN_K keys take the "short" tile, which the overrides apply after "causal").
@@ -148,8 +150,8 @@ TABLES = {
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
-        # Head dims run as 128 + 64 (HEAD_DIM_SPLIT_FAMILIES: d192; d160 = 128 + 32 too).  .ci/head_split_ab.py
-        # --tiles (H100, 2026-11-24, 5 interleaved rounds, d192 h10 causal, TFLOP/s, s1k / s4k): fwd 128x64/w8/s3
+        # Head dims run as 128 + 64 (HEAD_DIM_SPLIT_FAMILIES: d192; d144 / d160 = 128 + 16 / 32 too).
+        # .ci/head_split_ab.py --tiles (H100, 2026-11-24, 5 interleaved rounds, d192 h10 causal, TFLOP/s, s1k / s4k): fwd 128x64/w8/s3
         # 227 / 389 vs the d256 row's s2 202 / 327 (FA2 225 / 278); fwd+bwd with dK/dV 64x128/w8/s2 202 / 289 vs
         # the d256 row's 32x128 189 / 261 (FA2 193 / 253), dQ 128x64/w8/s2 197 / 281 vs 128x32.  fp32 inputs:
         # the d256 row's fp32 launches.

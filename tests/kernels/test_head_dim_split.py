@@ -1,5 +1,5 @@
 """Head dims that are not a power of two run as two power-of-two chunks (tables.HEAD_DIM_SPLIT_FAMILIES,
-tuning.head_dim_chunks: 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16, ...), constexpr D_HI of the forward,
+tuning.head_dim_chunks: 192 = 128 + 64, 160 = 128 + 32, 96 = 64 + 32, 80 = 64 + 16), constexpr D_HI of the forward,
 dK/dV and dQ kernels.  Each case runs split and padded (the family taken out of the table), checks that
 the split launches really carry D_HI, and compares output and gradients with the float64 reference:
 GQA with seqlen_q != seqlen_k, masks, softcap, ALiBi + dropout, varlen with empty segments, every way the
@@ -53,12 +53,12 @@ both = pytest.mark.parametrize("split_mode", ["split", "padded"], indirect=True)
 
 
 def test_chunk_rule():
-    """The split only where it saves work, chunks of at least 16 columns (tl.dot's minimum K), first chunks of
-    at least 64 (tables.HEAD_DIM_SPLIT_MIN_PADDED)."""
+    """The split only where it saves work, first chunks of at least 64 columns (tables.HEAD_DIM_SPLIT_MIN_PADDED),
+    second chunks of at least 16 (tl.dot's minimum K) with no padded column."""
     arch = arch_for(torch.empty(0))  # the interpreter's family splits (tables.HEAD_DIM_SPLIT_FAMILIES)
-    want = {16: (16, 0), 24: (32, 0), 40: (64, 0), 48: (64, 0), 59: (64, 0), 72: (64, 16), 80: (64, 16),
-            96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0),
-            256: (256, 0)}
+    want = {16: (16, 0), 24: (32, 0), 40: (64, 0), 48: (64, 0), 59: (64, 0), 72: (128, 0), 80: (64, 16),
+            88: (128, 0), 96: (64, 32), 112: (128, 0), 128: (128, 0), 144: (128, 16), 160: (128, 32),
+            176: (256, 0), 192: (128, 64), 200: (256, 0), 256: (256, 0)}
     for d, chunks in want.items():
         assert tuning.head_dim_chunks(arch, d, launch.head_dim_padded(d)) == chunks, d
 
@@ -76,7 +76,7 @@ def test_reloading_entries_take_one_chunk(device, split_mode, monkeypatch):
 
 
 @both
-@pytest.mark.parametrize("d", [72, 96, 192])
+@pytest.mark.parametrize("d", [80, 96, 192])
 def test_gqa_causal(device, split_mode, d):
     q, k, v = dense_qkv(device, torch.float16, 2, 19, 37, 4, 2, d)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True), q, k, v, causal=True)
