@@ -779,7 +779,8 @@ def test_split_counters_stay_zero_and_grow(device, monkeypatch):
     monkeypatch.setattr(decode, "_RETIRED_COUNTERS", [])
     decode._PLANS.clear()
     for case in ("paged16_sinks_splits4", "paged16_sinks_splits4", "gqa3_sq3_causal_splits3"):  # miss, hit, another
-        q, k_cache, v_cache, k, v, kw, splits = make_case(device, **SPLIT_CASES[case])
+        # (caches long enough for the forced splits under a GPU's wider key tiles too)
+        q, k_cache, v_cache, k, v, kw, splits = make_case(device, **dict(SPLIT_CASES[case], cache=600))
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, num_splits=splits, **kw)
         assert len(decode._SPLIT_COUNTERS) == 1 and _counters_all_zero()
     (buf,) = decode._SPLIT_COUNTERS.values()
