@@ -116,14 +116,8 @@ def main():
     for row in ROWS:
         for causal in masks:
             made = {m: calls(row, causal, m) for m in methods}
-            times = {(m, i): [] for i in (0, 1) for m in methods}
-            for (m, i) in times:  # compile and warm
-                made[m][i]()
-            for r in range(ROUNDS):
-                order = list(times)
-                order = order[r % len(order):] + order[:r % len(order)]
-                for m, i in order:
-                    times[(m, i)].append(bench.gpu_round_ms(made[m][i], made[m][2] if i else (), 10))
+            times = bench.interleaved_rounds_ms({(m, i): (made[m][i], made[m][2] if i else ())
+                                                 for i in (0, 1) for m in methods}, ROUNDS)
             name = f"{row} {'causal' if causal else 'full'}"
             for i in (0, 1):
                 cells = [flops(row, causal, i) / statistics.median(times[(m, i)]) / 1e9 for m in methods]

@@ -60,14 +60,8 @@ def main():
     print("|---|---|---|---|---|")
     for row in ROWS:
         made = {m: calls(row, m) for m in MODES}
-        times = {(m, i): [] for m in MODES for i in (0, 1)}
-        for (m, i) in times:  # compile and warm
-            made[m][i]()
-        for r in range(ROUNDS):
-            order = list(times)
-            order = order[r % len(order):] + order[:r % len(order)]
-            for m, i in order:
-                times[(m, i)].append(bench.gpu_round_ms(made[m][i], made[m][2] if i else (), 10))
+        times = bench.interleaved_rounds_ms({(m, i): (made[m][i], made[m][2] if i else ())
+                                             for m in MODES for i in (0, 1)}, ROUNDS)
         cells = [flops(row, i) / statistics.median(times[(m, i)]) / 1e9 for i in (0, 1) for m in MODES]
         print(f"| {row} | " + " | ".join(f"{c:.0f}" for c in cells) + " |", flush=True)
 

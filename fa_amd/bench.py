@@ -569,6 +569,19 @@ def gpu_round_ms(fn, grads, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def interleaved_rounds_ms(timed: Dict, rounds: int, calls: int = 10) -> Dict:
+    """{key: [one gpu_round_ms per round]} for {key: (fn, grads)}: every fn once to compile and warm, then
+    `rounds` rounds in which each starts one key later (no fixed order favours a key)."""
+    for fn, _ in timed.values():
+        fn()
+    times = {key: [] for key in timed}
+    keys = list(timed)
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            times[key].append(gpu_round_ms(timed[key][0], timed[key][1], calls))
+    return times
+
+
 def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
     if timed.call is None or timed.note:
         return
