@@ -384,7 +384,7 @@ def attn_bwd_dkdv_kernel(
                         GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
                         tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
                         IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
-                        RELOAD_CHUNK, D_HI)
+                        RELOAD_CHUNK, D_HI, Q, 0, 0, 0, False)
             return
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
@@ -519,9 +519,12 @@ def _dq_program(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr,
+    Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O: tl.constexpr,
 ):
     """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees (D_HI: the
-    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none)."""
+    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none).  DELTA_FROM_O: the
+    program computes its rows' delta = rowsum(dO * O) itself and stores it for the dK/dV launch that
+    follows (no preprocess launch); else it reads the preprocess kernel's."""
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
             # the extra program row: query tokens past cu_seqlens_q[-1] get dQ = 0
@@ -571,7 +574,21 @@ def _dq_program(
         dq_hi = tl.zeros([BLOCK_M, D_HI], dtype=tl.float32)
     lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
     lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
-    delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
+    if DELTA_FROM_O:
+        o_rows = (Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None] * stride_om)
+        o = tl.load(o_rows + offs_d[None, :], mask=qd_mask, other=0.0)
+        if RELOAD_CHUNK:
+            do_tile = tl.load(do_rows + offs_d[None, :], mask=qd_mask, other=0.0)
+        else:
+            do_tile = do
+        delta = tl.sum(o.to(tl.float32) * do_tile.to(tl.float32), 1)
+        if D_HI:
+            o_hi = load_cols_t(o_rows, row_mask[:, None], offs_dh[None, :], HEAD_DIM, D_PAD + D_HI, True)
+            delta += tl.sum(o_hi.to(tl.float32) * do_hi.to(tl.float32), 1)
+        tl.store(Delta + lse_off, delta, mask=row_mask)
+    else:
+        delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
 
@@ -633,6 +650,7 @@ def attn_bwd_dq_kernel(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr = 0,
+    Out=None, stride_ob=0, stride_om=0, stride_oh=0, DELTA_FROM_O: tl.constexpr = False,
 ):
     tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
     # heavier (later) query blocks first: better tail balance under causal masks
@@ -643,7 +661,8 @@ def attn_bwd_dq_kernel(
                 qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                 GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
                 tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
-                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+                HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI,
+                Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -712,7 +731,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
                     tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
-                    tables.DKDV_MAX_PROGRAM_SHARE, tables.HEAD_DIM_SPLIT_FAMILIES, get_bwd_config, launch,
+                    tables.DKDV_MAX_PROGRAM_SHARE, tables.HEAD_DIM_SPLIT_FAMILIES, tables.BWD_DELTA_IN_DQ_FAMILIES,
+                    get_bwd_config, launch,
                     alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -774,7 +794,25 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     delta = new_output(lse, lse.shape)
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     chunked = dict(common, D_PAD=d_lo, **({"D_HI": d_hi} if d_hi else {}))
-    if max_seqlen_q > 0:
+    strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
+                  *row_strides(dout, varlen))
+    mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
+    if max_seqlen_q == 0 or max_seqlen_k == 0:
+        mode = "separate"  # one side is empty: nothing to fuse, no dQ to add up
+    # a dQ launch of its own may run first and compute delta itself (tables.BWD_DELTA_IN_DQ_FAMILIES)
+    delta_in_dq = (mode == "separate" and sinks is None and max_seqlen_q > 0 and max_seqlen_k > 0
+                   and family in tables.BWD_DELTA_IN_DQ_FAMILIES)
+
+    def launch_dq(**extra):
+        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
+            q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
+            *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **chunked, **extra))
+
+    if delta_in_dq:
+        ob, om, oh = row_strides(out, varlen)
+        launch_dq(Out=out, stride_ob=ob, stride_om=om, stride_oh=oh, DELTA_FROM_O=True)
+    elif max_seqlen_q > 0:
         pre = bwd_preprocess_config(arch, d_pad)
         pre_block = pre["BLOCK_M"]
         sink_args = {}
@@ -788,11 +826,6 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
                  num_warps=pre["num_warps"], **sink_args))
         if sinks is not None:
             dsinks = dsinks_part.sum(dim=(0, 2))  # a fixed order: deterministic
-    strides_in = (*row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen),
-                  *row_strides(dout, varlen))
-    mode = backward_dq_mode(family, deterministic, cfgs["dkdv"], cfgs["dq"])
-    if max_seqlen_q == 0 or max_seqlen_k == 0:
-        mode = "separate"  # one side is empty: nothing to fuse, no dQ to add up
     atomic_dq = mode == "atomic"
     fused = mode == "fused"
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else dq
@@ -843,11 +876,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         dv.zero_()
     if atomic_dq:
         dq.copy_(dq_accum)
-    elif max_seqlen_q > 0 and not fused:
-        launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
-            q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
-            *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **chunked))
+    elif max_seqlen_q > 0 and not fused and not delta_in_dq:
+        launch_dq()
     plannable = sinks is None and max_seqlen_q > 0 and max_seqlen_k > 0 and not split
     scratch = dict(delta=delta, dq_accum=dq_accum if atomic_dq else None) if plannable else None
     return _with_dsinks((dq, dk, dv), dsinks), scratch

@@ -363,3 +363,39 @@ def test_lse_and_probs_are_not_differentiable(device):
     assert not lse.requires_grad and not probs.requires_grad
     (out.sum() * 0).backward()
     assert all(torch.count_nonzero(t.grad) == 0 for t in (q, k, v))
+
+
+@pytest.mark.parametrize("delta_in_dq", [True, False])
+@pytest.mark.parametrize("case", ["dense_dropout_alibi", "varlen_empty_gqa_window"])
+def test_separate_dq_launch_computes_delta(device, monkeypatch, delta_in_dq, case):
+    """A backward whose dQ has its own launch: that launch runs first and computes delta = rowsum(dO * O) in
+    its programs, with no preprocess launch (tables.BWD_DELTA_IN_DQ_FAMILIES), or the preprocess runs."""
+    from fa_amd import tuning
+    from fa_amd.arch import arch_for
+    from fa_amd.tuning import tables
+
+    monkeypatch.setattr(backward, "BWD_DQ_MODE", "separate")
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
+    others = tuple(f for f in tables.BWD_DELTA_IN_DQ_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "BWD_DELTA_IN_DQ_FAMILIES", others + ((family,) if delta_in_dq else ()))
+    tuning._RESOLVED.clear()  # no launch plan of an earlier test (a replay launches through neither spy)
+    order = []
+    real_launch, real_jit = backward.launch, backward.jit_launch
+    monkeypatch.setattr(backward, "launch", lambda kernel, *a, **kw: (
+        order.append((kernel.fn.__name__, a[-1].get("DELTA_FROM_O", False))), real_launch(kernel, *a, **kw))[1])
+    monkeypatch.setattr(backward, "jit_launch", lambda kernel, *a, **kw: (
+        order.append((kernel.fn.__name__, None)), real_jit(kernel, *a, **kw))[1])
+    if case == "dense_dropout_alibi":
+        torch.manual_seed(4)
+        q, k, v = dense_qkv(device, torch.float16, 2, 23, 31, 4, 2, 48)
+        slopes = torch.rand(4, device=device) * 0.5
+        out, _, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=0.2, alibi_slopes=slopes, causal=True,
+                                                 return_attn_probs=True, deterministic=True)
+        kw = dict(alibi_slopes=slopes, dropout_p=0.2, dropout_mask=s_dmask >= 0, causal=True)
+        compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
+    else:
+        check_varlen(device, torch.float16, [7, 0, 19], [11, 4, 26], 4, 1, 64, deterministic=True,
+                     window_size=(9, 2))
+    want = [("attn_bwd_dq_kernel", True), ("attn_bwd_dkdv_kernel", False)] if delta_in_dq else \
+        [("bwd_preprocess_kernel", None), ("attn_bwd_dkdv_kernel", False), ("attn_bwd_dq_kernel", False)]
+    assert order == want, order
