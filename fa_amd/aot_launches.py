@@ -165,7 +165,8 @@ _BWD = "backward.BWD_DQ_MODE"
 LAUNCHES = {
     "fwd": Launch("forward", "attn_fwd_kernel", _run_forward, table_kernel="fwd"),
     "probs": Launch("forward", "attn_probs_kernel", _run_forward, dict(return_probs=True), table_kernel="fwd"),
-    "preprocess": Launch("backward", "bwd_preprocess_kernel", _run_backward, hooks={_BWD: "separate"}),
+    # (the fused route: a dQ launch of its own may compute delta itself, tables.BWD_DELTA_IN_DQ_FAMILIES)
+    "preprocess": Launch("backward", "bwd_preprocess_kernel", _run_backward, hooks={_BWD: "fused"}),
     # deterministic=True with the dQ programs in their own launch (AMD; sm90 when not fusable)
     "dkdv": Launch("backward", "attn_bwd_dkdv_kernel", _run_backward, hooks={_BWD: "separate"}, table_kernel="dkdv"),
     "dq": Launch("backward", "attn_bwd_dq_kernel", _run_backward, hooks={_BWD: "separate"}, table_kernel="dq"),
