@@ -11,6 +11,10 @@ afterwards: fp32 partials in a fixed order (deterministic), or fp32 atomics wher
 deterministic=False allows them.  Query blocks are visited in the three ranges of
 fa_amd/kernels/blocks.py.
 
+delta = rowsum(dO * O) comes from a preprocess launch, or -- where dQ has a launch of its own and
+tables.BWD_DELTA_IN_DQ_FAMILIES lists the arch -- from the dQ programs (DELTA_FROM_O), whose launch then
+runs before the dK/dV one.  D_HI: the head-dim chunks of forward.py.
+
 RELOAD_CHUNK (see forward.py): N > 0 reloads every d-wide operand (dK/dV: k, v;
 dQ: q, dO) next to the dot that needs it and reduces S and dP N head-dim columns at
 a time; 0 keeps them in registers.  With RELOAD_CHUNK=0 every op is built in the

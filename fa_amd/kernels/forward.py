@@ -14,6 +14,10 @@ replicates each dot operand across the two lane halves, so a 16-row slice of a
 d-wide operand costs d/2 of the 256 VGPRs of a wave32 lane, and the resident
 kernels spill at every tile size for d128 and d256 there (docs/AOT.md).
 
+D_HI (a constexpr, tuning.head_dim_chunks): a head dim that is not a power of two may run as two
+power-of-two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (192 = 128 + 64): each d-wide tile
+has a second tile beside it, and S sums two dots.  0 (one chunk, padded to D_PAD) compiles as before.
+
 FP8 (fa_amd/fp8.py) is a dtype path of the same kernels: FP8 is a constexpr read off Q's
 element type; the descale operand scales S and the output, P is rounded to V's fp8 type
 for the P.V dot (score_mods.load_descales / p_shift), and dense V may be token-major per
