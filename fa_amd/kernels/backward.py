@@ -143,17 +143,17 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, rows[None, :], cols[:, None], keep_threshold)
             if WANT_DV:
-                dv = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do, dv,
-                            input_precision=INPUT_PRECISION)
+                p_kept = tl.where(keep, pT * keep_scale, 0.0).to(do.dtype)
+                dv = tl.dot(p_kept, do, dv, input_precision=INPUT_PRECISION)
                 if D_HI:
-                    dv_hi = tl.dot(tl.where(keep, pT * keep_scale, 0.0).to(do.dtype), do_hi, dv_hi,
-                                   input_precision=INPUT_PRECISION)
+                    dv_hi = tl.dot(p_kept, do_hi, dv_hi, input_precision=INPUT_PRECISION)
             if WANT_DK:
                 dpT = tl.where(keep, dpT * keep_scale, 0.0)
         elif WANT_DV:
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            p_op = pT.to(do.dtype)
+            dv = tl.dot(p_op, do, dv, input_precision=INPUT_PRECISION)
             if D_HI:
-                dv_hi = tl.dot(pT.to(do.dtype), do_hi, dv_hi, input_precision=INPUT_PRECISION)
+                dv_hi = tl.dot(p_op, do_hi, dv_hi, input_precision=INPUT_PRECISION)
         if WANT_DK:
             dsT = pT * (dpT - delta[None, :])
             if IS_SOFTCAP:
@@ -162,9 +162,10 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                 q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
             else:
-                dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+                ds_op = dsT.to(qT.dtype)
+                dk = tl.dot(ds_op, tl.trans(qT), dk, input_precision=INPUT_PRECISION)
                 if D_HI:
-                    dk_hi = tl.dot(dsT.to(qT.dtype), tl.trans(qT_hi), dk_hi, input_precision=INPUT_PRECISION)
+                    dk_hi = tl.dot(ds_op, tl.trans(qT_hi), dk_hi, input_precision=INPUT_PRECISION)
         if ATOMIC_DQ and WANT_DK:
             # non-deterministic fast path: dQ from the same dS tile, summed with
             # fp32 atomics instead of a second pass that recomputes S and dP
@@ -274,24 +275,30 @@ def _dkdv_program(
         Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
         if HAS_RIGHT:
-            dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                     lo, full_lo, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
-                                     qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                     sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                     HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                     HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
-        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                 full_lo, full_hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
-                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
-        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head, DQ_head, stride_qm, stride_dom, stride_dqm,
-                                 full_hi, hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
-                                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-                                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+            dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
+                dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
+                DQ_head, stride_qm, stride_dom, stride_dqm,
+                lo, full_lo, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
+                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
+            dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
+            DQ_head, stride_qm, stride_dom, stride_dqm,
+            full_lo, full_hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
+            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+            sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
+            dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
+            DQ_head, stride_qm, stride_dom, stride_dqm,
+            full_hi, hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
+            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+            sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
     dk = dk * sm_scale
     if D_HI:
         dk_hi = dk_hi * sm_scale
@@ -604,27 +611,30 @@ def _dq_program(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
-                                   stride_kn, stride_vn, lo, full_lo,
-                           offs_m, offs_n, offs_d, offs_dh, diag, k_len,
-                           qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                           seed, seed_offset, bh, keep_threshold, keep_scale,
-                           HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                           HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
-    dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
-                                   stride_kn, stride_vn, full_lo, full_hi,
-                       offs_m, offs_n, offs_d, offs_dh, diag, k_len,
-                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                       seed, seed_offset, bh, keep_threshold, keep_scale,
-                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
-    dq, dq_hi = _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
-                                   stride_kn, stride_vn, full_hi, hi,
-                       offs_m, offs_n, offs_d, offs_dh, diag, k_len,
-                       qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                       seed, seed_offset, bh, keep_threshold, keep_scale,
-                       HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                       HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+        dq, dq_hi = _bwd_dq_inner(
+            dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+            stride_kn, stride_vn, lo, full_lo,
+            offs_m, offs_n, offs_d, offs_dh, diag, k_len,
+            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+            seed, seed_offset, bh, keep_threshold, keep_scale,
+            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+            HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+    dq, dq_hi = _bwd_dq_inner(
+        dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+        stride_kn, stride_vn, full_lo, full_hi,
+        offs_m, offs_n, offs_d, offs_dh, diag, k_len,
+        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+        seed, seed_offset, bh, keep_threshold, keep_scale,
+        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+    dq, dq_hi = _bwd_dq_inner(
+        dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
+        stride_kn, stride_vn, full_hi, hi,
+        offs_m, offs_n, offs_d, offs_dh, diag, k_len,
+        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+        seed, seed_offset, bh, keep_threshold, keep_scale,
+        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
              + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)

@@ -227,27 +227,27 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
-                                           stride_vn, stride_vd,
-                                   lo, full_lo, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
-                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                   seed, seed_offset, bh, keep_threshold,
-                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                   HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
-    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
-                                           stride_vn, stride_vd,
-                               full_lo, full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
-                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                               seed, seed_offset, bh, keep_threshold,
-                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
-    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn,
-                                           stride_vn, stride_vd,
-                               full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
-                               qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                               seed, seed_offset, bh, keep_threshold,
-                               HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                               HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+        acc, acc_hi, l_i, m_i = _fwd_inner(
+            acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+            lo, full_lo, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
+            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+            seed, seed_offset, bh, keep_threshold,
+            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+    acc, acc_hi, l_i, m_i = _fwd_inner(
+        acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+        full_lo, full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
+        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+        seed, seed_offset, bh, keep_threshold,
+        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+    acc, acc_hi, l_i, m_i = _fwd_inner(
+        acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+        full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
+        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+        seed, seed_offset, bh, keep_threshold,
+        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
