@@ -190,8 +190,9 @@ def test_backward_dq_policy_is_table_data(monkeypatch):
     assert nondeterministic_dq("gfx942") == "atomic"  # not measured there: the old default
     d128 = get_bwd_config(sm90, 128)
     assert bwd_fusable("sm90", d128["dkdv"], d128["dq"])
-    d64 = get_bwd_config(sm90, 64)  # its dq entry runs 4 warps, the dkdv one 8: two launches
-    assert not bwd_fusable("sm90", d64["dkdv"], d64["dq"])
+    d64 = get_bwd_config(sm90, 64)  # both entries run 4 warps / 3 stages: one launch
+    assert bwd_fusable("sm90", d64["dkdv"], d64["dq"])
+    assert not bwd_fusable("sm90", d64["dkdv"], dict(d64["dq"], num_warps=8))
     amd = get_bwd_config(gfx942, 128)
     assert not bwd_fusable("gfx942", amd["dkdv"], amd["dq"])
     from fa_amd.tuning import gqa_split_sum
@@ -220,6 +221,15 @@ def test_short_override_is_table_data(monkeypatch):
              "causal": {"BLOCK_N": 64}, "short": {"BLOCK_N": 32, "num_stages": 2}, "fp32": {"num_stages": 1}}
     assert resolve_entry(entry, is_fp32=True, causal=True, short=True)["BLOCK_N"] == 32
     assert resolve_entry(entry, is_fp32=True, short=True)["num_stages"] == 1
+    # an override's own dict of another case: causal launches that are also short (the sm90 d128 forward)
+    entry["short"]["causal"] = {"BLOCK_N": 16}
+    assert resolve_entry(entry, causal=True, short=True)["BLOCK_N"] == 16
+    assert resolve_entry(entry, short=True)["BLOCK_N"] == 32 and resolve_entry(entry, causal=True)["BLOCK_N"] == 64
+    assert resolve_entry(entry, is_fp32=True, causal=True, short=True)["num_stages"] == 1
+    assert "causal" not in resolve_entry(entry, causal=True, short=True)
+    causal_short = get_config(SM90, "fwd", 128, causal=True, short=True)
+    assert (causal_short["BLOCK_M"], causal_short["BLOCK_N"], causal_short["num_warps"]) == (64, 32, 4)
+    assert get_config(SM90, "fwd", 128, causal=True, short=True, fp8=True)["BLOCK_N"] == 128  # "fp8" comes last
 
 
 def test_tuner_times_only_candidates_the_aot_check_passes(monkeypatch):

@@ -48,8 +48,9 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     installed triton (tables.TRITON_OVERRIDES; `triton_version` overrides the installed one), then
     its "causal" override for causal (or right-windowed) attention, its "short" override for
     launches with at most tables.SHORT_SEQLEN_K keys per row, its "fp32" override for fp32
-    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile; it may hold "causal"
-    and "short" dicts of its own, applied after it in those cases), and the default of every kernel
+    inputs, its "fp8" override for fp8 inputs (half the shared memory per tile).  An override may hold
+    dicts of the other cases of its own (e.g. "short": {..., "causal": {...}}: causal launches that are
+    also short), applied right after it in those cases.  Then the default of every kernel
     switch (tables.KERNEL_SWITCHES) it does not set -- of the switches the table kernel `kernel`
     takes (tables.SWITCH_KERNELS) when it is given."""
     cfg = {k: v for k, v in entry.items() if k not in OVERRIDES}
@@ -57,14 +58,14 @@ def resolve_entry(entry: Dict, is_fp32: bool = False, causal: bool = False, shor
     for name in tables.TRITON_OVERRIDES:
         if entry.get(name) and version < _triton_bound(name):
             cfg.update(entry[name])
-    for name, wanted in (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8)):
+    cases = (("causal", causal), ("short", short), ("fp32", is_fp32), ("fp8", fp8))
+    for name, wanted in cases:
         if wanted and entry.get(name):
             override = entry[name]
             cfg.update({k: v for k, v in override.items() if k not in OVERRIDES})
-            if name == "fp8":  # fp8 tiles may differ per case: the "fp8" dict's own "causal" / "short"
-                for case, on in (("causal", causal), ("short", short)):
-                    if on and override.get(case):
-                        cfg.update(override[case])
+            for case, on in cases:  # the override's own dicts of the other cases that hold
+                if on and case != name and override.get(case):
+                    cfg.update(override[case])
     switches = switches_of(kernel)
     foreign = sorted(k for k in cfg if k in KERNEL_SWITCHES and k not in switches)
     if foreign:

@@ -127,31 +127,40 @@ TABLES = {
     # long non-causal rows want big tiles, causal / short rows 64x64 ones (less
     # diagonal waste, more programs); dK/dV 64x128/w8/s3 won at every length.
     "sm90": [
-        # fwd s16k: 128x64/w8 425 vs 128x64/w4 409; causal s1k: 64x64/w4 283 vs 248
+        # fwd s16k: 128x64/w8 425 vs 128x64/w4 409; causal s1k: 64x64/w4 283 vs 248.
+        # dK/dV 64x64/w4/s3 (.ci/short_ab.py PART=bwd / bwd2, 5 interleaved rounds, 2026-11-24, fwd+bwd TFLOP/s):
+        # its dQ programs (same warps / stages) join the launch; vs the previous 64x128/w8 dK/dV with a dQ
+        # launch of its own: b32 s512 full 289 vs 250 (Flex 253), causal 162 vs 151 (146); b16 s1k causal 232
+        # vs 217 (205); b8 s2k full 385 vs 356; b4 s4k causal 332 vs 316; b1 s16k full 376 vs 369, causal
+        # 354 vs 336
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
-         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
         # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d80 = 64 + 16 too): the d128 row but a
         # causal forward tile of 128x64/w4/s3 (.ci/head_split_ab.py --tiles, TILESET=d96, H100, 2026-11-24,
         # d96 h21 causal fwd TFLOP/s s1k / s4k: 214 / 345 vs 64x64/w4/s3 203 / 330, 64x64/w4/s4 199 / 325; rows
         # of at most SHORT_SEQLEN_K keys take the "short" tile, which the overrides apply after "causal").
+        # Causal short launches: 64x32 (.ci/short_ab.py PART=fwd2, 2026-11-24: b16 s1k h21 fwd 220 vs 64x64 203,
+        # Flex 217; fwd+bwd 213 vs 209).
         {"head_dim": 96,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
-                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "causal": {"BLOCK_N": 32}},
                  "fp32": {"BLOCK_N": 32, "num_stages": 2}},
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
         # fwd s16k: 128x128/w8 488 vs 64x64/w4 466; causal s1k: 64x64/w4 318 vs 262, s4k 439 vs 396;
         # short (non-causal, 5 alternating rounds, 2026-11-23): s1k 64x64/w4/s3 406 vs 128x128/w8/s3 388
         # (Flex 402), s2k 437 vs 449, s4k 426 vs 469;
-        # dK/dV (atomic dQ) s16k 402 vs 32x128: 335; deterministic dQ 128x64/w8/s3 361 vs 128x32/s2 273
+        # dK/dV (atomic dQ) s16k 402 vs 32x128: 335; deterministic dQ 128x64/w8/s3 361 vs 128x32/s2 273;
+        # causal short: 64x32/w4/s3 (.ci/short_ab.py PART=fwd, 5 interleaved rounds, 2026-11-24, fwd TFLOP/s):
+        # b32 s512 187 vs 64x64 167 (Flex 186), b16 s1k 265 vs 255 (Flex 260)
         {"head_dim": 128,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
-                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                 "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "causal": {"BLOCK_N": 32}},
                  "fp32": {"BLOCK_N": 32, "num_stages": 2},
                  # FP8 (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-23): 64x128/w4/s3 fastest on 3 of 4
                  # rows, e.g. s8k full 1.611 ms vs this entry's 128x128/w8 1.848 (bf16 2.138), s8k causal
