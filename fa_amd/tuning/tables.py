@@ -66,14 +66,16 @@ NONDETERMINISTIC_DQ = {"sm90": "recompute"}
 # 36 B).  "cpu" (the interpreter) fuses so CI tests the fused path.
 FUSED_DQ_FAMILIES = ("sm90", "cpu")
 # Families whose backward, when dQ has a launch of its own (backward_dq_mode "separate": the "dkdv" and "dq"
-# entries do not share launch options, e.g. sm90 d64), runs that launch first and lets each dQ program compute
+# entries do not share launch options: e.g. a tuned row; no default sm90 row since its d64 dK/dV entry took 4 warps),
+# runs that launch first and lets each dQ program compute
 # its rows' delta = rowsum(dO * O) (DELTA_FROM_O) for the dK/dV launch after it: no preprocess launch (a
 # memory-bound pass over O and dO: 57 us at b32 s512 h16 d128 on the H100), its reads overlapping the dQ
 # programs' matmuls.  H100 (.ci/bwd_delta_ab.py, 5 interleaved rounds, 2026-11-24, d64 h32 fwd+bwd TFLOP/s,
 # dQ first / preprocess / Flex): b32 s512 full 254 / 248 / 255, causal 152 / 146 / 146; b16 s1024 full
 # 314 / 309 / 293, causal 217 / 210 / 204; b4 s4096 causal 313 / 310 / 287; b1 s16384 full 373 / 351 / 344.
 # The sm90 dQ build is unchanged (d64: 174 / 197 / 255 registers, 0 / 0 / 96 B stack, plain / causal / all
-# features, with and without).  "cpu" so CI tests it; AMD families keep the preprocess (untimed there).
+# features, with and without).  (The fused d64 launch with its 64x64/w4 dK/dV tiles then beat both: 289 vs 254
+# at b32 s512 full, .ci/short_ab.py, the d64 row.)  "cpu" so CI tests it; AMD families keep the preprocess.
 BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # Families whose masked forwards find the NaNs of V inside the forward kernel (forward._v_nan_find: each
 # program scans a share of V before its key loop, and acq_rel atomics on a zeroed flag word per (sequence,
