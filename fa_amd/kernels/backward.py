@@ -219,8 +219,9 @@ def _dkdv_program(
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
     n0 = pid_n * BLOCK_N
-    if n0 >= k_len:
-        return
+    if WANT_DK and WANT_DV:
+        if n0 >= k_len:  # a key block past this sequence (varlen)
+            return
     diag = k_len - q_len
     b64 = b.to(tl.int64)
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -262,6 +263,14 @@ def _dkdv_program(
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     lo, full_lo, full_hi, hi = query_ranges(n0, q_len, k_len, diag, win_left, win_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if n0 >= k_len:
+        # DKDV_SPLIT (dK or dV only), a key block past this sequence: no query block, every load and store
+        # masked off.  Not an early return as above: with one, triton 3.4 / 3.5 kept the split kernel's two
+        # calls of this function as real calls on AMD, whose register saves spilled 376-1032 B of scratch
+        # (docs/TUNING_NOTES.md v15)
+        lo = hi
+        full_lo = hi
+        full_hi = hi
     num_heads = tl.num_programs(1) * heads_per_prog
     # GQA: this KV head's gradient is the sum over its query heads, done here
     # in registers (no atomics -> deterministic).
