@@ -251,7 +251,9 @@ TABLES = {
     # CDNA3+ (MI350): 160 KiB LDS; kpack is a no-op there, so it is left out.
     # d256 dK/dV (here, gfx942, gfx90a): triton 3.2 spilled 132..348 B at 16x32 with both VGPR and AGPR
     # files full; dK and dV in separate programs (DKDV_SPLIT) build clean under 3.2 / 3.3 (gfx90a 3.2 also
-    # with 16-key tiles), but spill ~1 KB under 3.4, where the plain kernel is clean: "triton<3.4"
+    # with 16-key tiles), but spilled ~1 KB under 3.4, where the plain kernel is clean: "triton<3.4" (since
+    # the split programs lost their early return they build clean under 3.4-3.6 too, TUNING_NOTES v15;
+    # untimed on AMD, so the bound stays)
     "gfx950": [
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
