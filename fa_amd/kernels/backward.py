@@ -207,9 +207,11 @@ def _dkdv_program(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
+    SPLIT_EARLY_RETURN: tl.constexpr,
 ):
     """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes; D_HI: the
-    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none)."""
+    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none; SPLIT_EARLY_RETURN: a
+    DKDV_SPLIT program past its sequence returns early too, tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
@@ -219,7 +221,7 @@ def _dkdv_program(
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
     n0 = pid_n * BLOCK_N
-    if WANT_DK and WANT_DV:
+    if (WANT_DK and WANT_DV) or SPLIT_EARLY_RETURN:
         if n0 >= k_len:  # a key block past this sequence (varlen)
             return
     diag = k_len - q_len
@@ -263,14 +265,15 @@ def _dkdv_program(
     seed, seed_offset = dropout_seed(SeedState, HAS_DROPOUT)
     lo, full_lo, full_hi, hi = query_ranges(n0, q_len, k_len, diag, win_left, win_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    if n0 >= k_len:
-        # DKDV_SPLIT (dK or dV only), a key block past this sequence: no query block, every load and store
-        # masked off.  Not an early return as above: with one, triton 3.4 / 3.5 kept the split kernel's two
-        # calls of this function as real calls on AMD, whose register saves spilled 376-1032 B of scratch
-        # (docs/TUNING_NOTES.md v15)
-        lo = hi
-        full_lo = hi
-        full_hi = hi
+    if not SPLIT_EARLY_RETURN:
+        if n0 >= k_len:
+            # DKDV_SPLIT (dK or dV only), a key block past this sequence: no query block, every load and store
+            # masked off.  Not an early return as above: with one, triton 3.4 / 3.5 kept the split kernel's two
+            # calls of this function as real calls on AMD, whose register saves spilled 376-1032 B of scratch
+            # (docs/TUNING_NOTES.md v15)
+            lo = hi
+            full_lo = hi
+            full_hi = hi
     num_heads = tl.num_programs(1) * heads_per_prog
     # GQA: this KV head's gradient is the sum over its query heads, done here
     # in registers (no atomics -> deterministic).
@@ -376,7 +379,7 @@ def attn_bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
-    DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0,
+    DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0, SPLIT_EARLY_RETURN: tl.constexpr = False,
 ):
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # zeroed rows span D_ROW columns
@@ -433,7 +436,8 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False, D_HI)
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False, D_HI,
+                          SPLIT_EARLY_RETURN)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -444,7 +448,8 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True, D_HI)
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True, D_HI,
+                          SPLIT_EARLY_RETURN)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -455,7 +460,8 @@ def attn_bwd_dkdv_kernel(
                       qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True, D_HI)
+                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True, D_HI,
+                      SPLIT_EARLY_RETURN)
 
 
 @triton.jit
@@ -755,7 +761,7 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
                     tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
                     tables.DKDV_MAX_PROGRAM_SHARE, tables.HEAD_DIM_SPLIT_FAMILIES, tables.BWD_DELTA_IN_DQ_FAMILIES,
-                    get_bwd_config, launch,
+                    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES, get_bwd_config, launch,
                     alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -875,6 +881,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         # fused: each axis-1 slot also runs dQ programs for its per_program query heads
         dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
             dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
+        if dkdv_cfg.get("DKDV_SPLIT") and family in tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES:
+            dq_tiles["SPLIT_EARLY_RETURN"] = True
 
         def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
             return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks

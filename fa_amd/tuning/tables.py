@@ -91,6 +91,13 @@ FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
 # padded one's work (3/4 at d192 and d96).  The launch reads the table row of the chunks' sum (sm90: rows 96
 # and 192).  Not with RELOAD_CHUNK (gfx1100) or FP8 inputs.
 HEAD_DIM_SPLIT_FAMILIES = ("sm90", "cpu")
+# Families whose split dK/dV programs (DKDV_SPLIT) return early for a key block past their sequence (varlen),
+# as the unsplit ones do, instead of running with empty query ranges (kernels/backward._dkdv_program).  The
+# empty ranges keep AMD's split builds free of scratch under triton 3.4 / 3.5 (with the early return they kept
+# the kernel's two calls of _dkdv_program as real calls and spilled 376-1032 B, TUNING_NOTES v15); on the H100
+# (triton 3.6) the early return ran the d256 / d192 full forward+backward rows ~2.5 % faster (v16).  "cpu" so CI
+# tests both forms (tests/kernels/test_dkdv_split.py switches it off too).
+DKDV_SPLIT_EARLY_RETURN_FAMILIES = ("sm90", "cpu")
 # Only head dims padded to at least this split (first chunk >= 64 columns), and only where the second chunk
 # has no padded columns (80, 96, 160, 192; not 72 or 40, tuning.head_dim_chunks): on the H100 under triton 3.6
 # a second chunk whose columns are partly masked (40 = 32 + 8 of 16, 72 = 64 + 8 of 16) computed wrong outputs

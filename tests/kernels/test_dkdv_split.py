@@ -46,6 +46,21 @@ def test_d256_like_gqa_causal(device, split_tables, monkeypatch, dtype, dq_mode,
                   causal=True)
 
 
+@pytest.mark.parametrize("early_return", [True, False])
+@pytest.mark.parametrize("dq_mode", ["fused", "separate"])
+def test_blocks_past_the_sequence(device, split_tables, monkeypatch, early_return, dq_mode):
+    """Key blocks past a short (or empty) sequence: split programs return early, or run with empty query
+    ranges, every load and store masked off (tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES picks per family)."""
+    from fa_amd.tuning import tables
+
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
+    others = tuple(f for f in tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "DKDV_SPLIT_EARLY_RETURN_FAMILIES", others + ((family,) if early_return else ()))
+    monkeypatch.setattr(backward, "BWD_DQ_MODE", dq_mode)
+    tuning._RESOLVED.clear()  # no launch plan of an earlier test
+    check_varlen(device, torch.float16, [3, 0, 40], [5, 0, 47], 2, 1, 80, deterministic=True, causal=True)
+
+
 @pytest.mark.parametrize("heads_per_program,deterministic", [(1, True), (1, False), (2, True)])
 def test_varlen_gqa_slices(device, split_tables, monkeypatch, heads_per_program, deterministic):
     """Varlen with an empty segment, GQA 4:1 summed by dK/dV programs over slices of the group
