@@ -881,8 +881,9 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         # fused: each axis-1 slot also runs dQ programs for its per_program query heads
         dq_tiles = dict(DQ_BLOCK_M=cfgs["dq"]["BLOCK_M"], DQ_BLOCK_N=cfgs["dq"]["BLOCK_N"]) if fused else \
             dict(DQ_BLOCK_M=16, DQ_BLOCK_N=16)  # unused
-        if dkdv_cfg.get("DKDV_SPLIT") and family in tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES:
-            dq_tiles["SPLIT_EARLY_RETURN"] = True
+        # (a switch of the split kernel only: other launches keep their argument lists)
+        split_exit = dict(SPLIT_EARLY_RETURN=True) if dkdv_cfg.get("DKDV_SPLIT") and \
+            family in tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES else {}
 
         def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
             return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
@@ -893,7 +894,7 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **chunked,
-                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles))
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles, **split_exit))
         if atomic_dkdv:
             dk.copy_(dk_out)
             dv.copy_(dv_out)
