@@ -144,6 +144,7 @@ def attn_fwd_kernel(
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, NAN_SCAN: tl.constexpr = False, D_HI: tl.constexpr = 0,
+    NAN_FIXUP: tl.constexpr = False,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -193,6 +194,12 @@ def attn_fwd_kernel(
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+    if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
+        # CANDIDATE (v16): mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
+        # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program
+        _v_nan_mark(NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * D_ROW, V_head,
+                    pid_m * GROUP + h % GROUP, tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn, stride_vd, offs_n,
+                    tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
     if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
         _v_nan_find(NanFlags, V_head, Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om, b, h, hk,
                     tl.num_programs(1) // GROUP, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd, stride_om,
@@ -261,7 +268,7 @@ def attn_fwd_kernel(
     if FP8:
         out = out * v_descale
         m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
-    if (HAS_LEFT or HAS_RIGHT) and not NAN_SCAN:
+    if (HAS_LEFT or HAS_RIGHT) and not NAN_SCAN and not NAN_FIXUP:
         # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
         # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it;
@@ -330,6 +337,43 @@ def _v_nan_find(NanFlags, V_head, O_seq, b, h, hk, n_heads_k, GROUP, pid_m, q_le
             for r0 in range(0, q_len, BLOCK_M):
                 rows = r0 + offs_r
                 tl.store(g_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
+                         mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d,
+                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
+    """flags[d] |= 1 for every feature d in which V's key blocks share, share + shares, ... hold a NaN: a
+    relaxed atomic per element, issued only by the lanes that hold a NaN (none in the common case)."""
+    for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
+        rows = n0 + offs_n
+        v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
+                    mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if FP8:
+            v = v.to(tl.float32)
+        tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1, mask=v != v, sem="relaxed")
+
+
+@triton.jit
+def v_nan_fixup_kernel(Out, NanFlags, cu_seqlens_q, seqlen_q, total_q, stride_ob, stride_om, stride_oh, GROUP,
+                       HEAD_DIM: tl.constexpr, D_ROW: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """After a NAN_FIXUP forward: NaN into feature d of every row of every query head of (sequence, KV head)
+    where the forward's programs marked a NaN of V (NanFlags[b, hk, d], zeroed before the forward)."""
+    hk = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_d = tl.arange(0, D_ROW)
+    nan_cols = tl.load(NanFlags + (b * tl.num_programs(0) + hk).to(tl.int64) * D_ROW + offs_d)
+    if tl.max(nan_cols, 0) != 0:
+        q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q,
+                                          IS_VARLEN)
+        nan_tile = tl.full([BLOCK_M, D_ROW], float("nan"), tl.float32).to(Out.dtype.element_ty)
+        offs_r = tl.arange(0, BLOCK_M)
+        o_seq = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_om
+        for g in range(0, GROUP):
+            o_head = o_seq + (hk * GROUP + g).to(tl.int64) * stride_oh
+            for r0 in range(0, q_len, BLOCK_M):
+                rows = r0 + offs_r
+                tl.store(o_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
                          mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -507,7 +551,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
+                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, tables.FWD_NAN_FIXUP_FAMILIES,
+                    tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
                     launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         arch = arch_for(q)
@@ -574,12 +619,17 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     descale = q if descale is None else descale  # read only on the FP8 path
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference -- from
     # a pass over V before the forward, or (tables.FWD_NAN_SCAN_FAMILIES) found inside it, _v_nan_find
-    nan_scan = nan_flags = None
+    nan_scan = nan_fixup = nan_flags = None
+    d_row = 2 * d_lo if d_hi else d_lo  # (the kernel's D_ROW)
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
         # (not FP8: the scan took the sm90 FP8 forward from 120 to 776 B of ptxas stack at d128)
-        nan_scan = family_of(arch) in tables.FWD_NAN_SCAN_FAMILIES and not fp8
-        nan_flags = torch.zeros((batch, hk, d_pad + 1), device=q.device, dtype=torch.int32) if nan_scan else \
-            v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
+        nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES and not fp8
+        nan_scan = family_of(arch) in tables.FWD_NAN_SCAN_FAMILIES and not fp8 and not nan_fixup
+        if nan_fixup:
+            nan_flags = torch.zeros((batch, hk, d_row), device=q.device, dtype=torch.int32)
+        else:
+            nan_flags = torch.zeros((batch, hk, d_pad + 1), device=q.device, dtype=torch.int32) if nan_scan else \
+                v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
@@ -587,9 +637,14 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
         dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
              **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
-             nan_splits=0 if nan_flags is None or nan_scan else nan_flags.shape[2],
-             **({"NAN_SCAN": True} if nan_scan else {}), POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             nan_splits=0 if nan_flags is None or nan_scan or nan_fixup else nan_flags.shape[2],
+             **({"NAN_SCAN": True} if nan_scan else {}), **({"NAN_FIXUP": True} if nan_fixup else {}),
+             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
+    if nan_fixup:
+        jit_launch(v_nan_fixup_kernel, (hk, batch), (
+            out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
+            dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_row, BLOCK_M=max(1, 4096 // d_row), IS_VARLEN=varlen))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q

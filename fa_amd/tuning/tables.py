@@ -85,6 +85,10 @@ BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # acquire invalidates caches, once per program here (untimed there).
 # "cpu" (the interpreter) scans, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
+# CANDIDATE (branch exp-nan-fixup, untimed; TUNING_NOTES v16): families whose masked forwards mark V's NaN
+# features with relaxed atomics from the lanes that see one (no reduction, barrier or acq_rel RMW per
+# program) and let a small launch after the forward write the NaNs (forward.v_nan_fixup_kernel).
+FWD_NAN_FIXUP_FAMILIES = ("cpu",)
 # Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
 # chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
 # instead of padding it to the next power of two: every head-dim-wide matmul then does d / d_pad of the
