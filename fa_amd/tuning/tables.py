@@ -85,10 +85,13 @@ BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # acquire invalidates caches, once per program here (untimed there).
 # "cpu" (the interpreter) scans, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
-# CANDIDATE (branch exp-nan-fixup, untimed; TUNING_NOTES v16): families whose masked forwards mark V's NaN
-# features with relaxed atomics from the lanes that see one (no reduction, barrier or acq_rel RMW per
-# program) and let a small launch after the forward write the NaNs (forward.v_nan_fixup_kernel).
-FWD_NAN_FIXUP_FAMILIES = ("cpu",)
+# Families whose masked forwards mark V's NaN features with relaxed atomics from the lanes that see one (no
+# reduction, barrier or acq_rel RMW per program) and let a small launch after the forward write the NaNs
+# (forward.v_nan_fixup_kernel); this wins over the scan above where both are listed.  H100, 5 interleaved
+# rounds, causal forward TFLOP/s, fixup / scan / Flex (TUNING_NOTES v17): d64 b32 s512 173 / 157 / 178, b16
+# s1024 255 / 237 / 253; d128 198 / 188 / 188, 277 / 267 / 262; d96 / d192 / d256 s1024 253 / 219, 242 / 229,
+# 251 / 239.  AMD families keep the pass (untimed there).
+FWD_NAN_FIXUP_FAMILIES = ("sm90", "cpu")
 # Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
 # chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
 # instead of padding it to the next power of two: every head-dim-wide matmul then does d / d_pad of the
