@@ -342,11 +342,11 @@ def test_large_softcap_is_accurate(device, softcap, dtype):
 
 
 def _nan_mode(monkeypatch, device, mode):
-    """Where masked forwards find V's NaNs on this device: inside the kernel ("scan") or a pass before it."""
+    """Where masked forwards find V's NaNs on this device: marked inside the kernel and written by a
+    fix-up launch after it ("fixup") or a pass before it ("pass")."""
     family = tuning.family_of(arch_for(torch.empty(0, device=device)))
-    for name, on in (("FWD_NAN_SCAN_FAMILIES", mode == "scan"), ("FWD_NAN_FIXUP_FAMILIES", mode == "fixup")):
-        others = tuple(f for f in getattr(tables, name) if f != family)
-        monkeypatch.setattr(tables, name, others + ((family,) if on else ()))
+    others = tuple(f for f in tables.FWD_NAN_FIXUP_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "FWD_NAN_FIXUP_FAMILIES", others + ((family,) if mode == "fixup" else ()))
 
 
 def _nan_pattern_case(device, where, row, causal, window, varlen):
@@ -372,11 +372,11 @@ def _nan_pattern_case(device, where, row, causal, window, varlen):
     ("q", 7, False, (4, 2), False),
     ("v", 30, True, (-1, -1), True),    # varlen: only its own sequence
 ])
-@pytest.mark.parametrize("nan_mode", ["fixup", "scan", "pass"])
+@pytest.mark.parametrize("nan_mode", ["fixup", "pass"])
 def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, where, row, causal, window, varlen):
     """A NaN anywhere in q/k/v gives the reference's NaN pattern (which SDPA shares: masked
-    probabilities times a NaN value are NaN), whatever the tile sizes, with V's NaNs found inside the
-    forward kernel (scan) or by a pass before it; finite entries stay right."""
+    probabilities times a NaN value are NaN), whatever the tile sizes, with V's NaNs marked inside the
+    forward kernel (fixup) or found by a pass before it; finite entries stay right."""
     _nan_mode(monkeypatch, device, nan_mode)
     real = forward.get_fwd_config
     monkeypatch.setattr(forward, "get_fwd_config",

@@ -143,8 +143,7 @@ def attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False, NAN_SCAN: tl.constexpr = False, D_HI: tl.constexpr = 0,
-    NAN_FIXUP: tl.constexpr = False,
+    Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
 ):
     # heavier (later) query blocks first: better tail balance under causal masks
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -195,15 +194,11 @@ def attn_fwd_kernel(
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
     if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
-        # CANDIDATE (v16): mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
+        # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
         # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program
         _v_nan_mark(NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * D_ROW, V_head,
                     pid_m * GROUP + h % GROUP, tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn, stride_vd, offs_n,
                     tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
-    if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
-        _v_nan_find(NanFlags, V_head, Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om, b, h, hk,
-                    tl.num_programs(1) // GROUP, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd, stride_om,
-                    stride_oh, offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_M, BLOCK_N, FP8)
     if RELOAD_CHUNK:
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
@@ -268,11 +263,11 @@ def attn_fwd_kernel(
     if FP8:
         out = out * v_descale
         m_i = p_shift(m_i, FP8)  # l_i summed P * 2**FP8_P_LOG2
-    if (HAS_LEFT or HAS_RIGHT) and not NAN_SCAN and not NAN_FIXUP:
+    if (HAS_LEFT or HAS_RIGHT) and not NAN_FIXUP:
         # the reference (like SDPA) multiplies masked-out probabilities (0) by V too, so a NaN in
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
         # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it;
-        # NAN_SCAN does it inside this kernel instead, _v_nan_find)
+        # NAN_FIXUP marks them in this kernel and v_nan_fixup_kernel writes them after it instead)
         flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_ROW
         out = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_d, D_ROW, D_PAD)[None, :] != 0, float("nan"), out)
         if D_HI:
@@ -288,9 +283,6 @@ def attn_fwd_kernel(
                  mask=(offs_m[:, None] < q_len) & (offs_dh[None, :] < HEAD_DIM))
     lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
-    if NAN_SCAN and (HAS_LEFT or HAS_RIGHT):
-        _v_nan_apply(NanFlags, o_head, b, hk, tl.num_programs(1) // GROUP, q_len, stride_om, offs_m,
-                     tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_M)
 
 
 @triton.jit
@@ -305,39 +297,6 @@ def _v_nan_flagged(flag_head, nan_splits, cols, D_ROW: tl.constexpr, WIDTH: tl.c
         flags = tl.load(flag_head + rows[:, None] * D_ROW + cols[None, :], mask=rows[:, None] < nan_splits, other=0)
         v_nan = tl.maximum(v_nan, tl.max(flags.to(tl.int32), 0))
     return v_nan
-
-
-@triton.jit
-def _v_nan_find(NanFlags, V_head, O_seq, b, h, hk, n_heads_k, GROUP, pid_m, q_len, k_len, stride_vn, stride_vd,
-                stride_om, stride_oh, offs_n, offs_d,
-                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                FP8: tl.constexpr):
-    """The V NaN rule of a masked forward (see the NanFlags epilogue) inside the forward kernel: no
-    pass over V before it.  Runs before the key loop (little is live there: no spills added).
-
-    NanFlags[b, hk] = [any, feature 0, feature 1, ...] int32, zeroed by the launcher.  The programs of
-    (sequence b, KV head hk) split its key blocks between them and scan V; one that finds a NaN sets
-    the feature bits, then `any` (an acq_rel RMW), then writes NaN into those features of every row of
-    every query head of the group.  After storing its rows every program reads `any` by an acq_rel
-    RMW and, if set, writes NaN into its own rows (_v_nan_apply).  Whatever the order: if a program's
-    RMW comes first, its output stores happen before the finder's NaN stores (release / acquire
-    through `any`); if the finder's comes first, the program sees `any` and writes the NaN itself."""
-    flags = NanFlags + (b * n_heads_k + hk).to(tl.int64) * (D_PAD + 1)
-    share = pid_m * GROUP + h % GROUP  # this program's index among the group's programs
-    shares = tl.cdiv(q_len, BLOCK_M) * GROUP
-    nan_cols = _v_nan_columns(V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, D_PAD,
-                              BLOCK_N, FP8).to(tl.int32)
-    if tl.max(nan_cols, 0) > 0:
-        tl.atomic_or(flags + 1 + offs_d, nan_cols)
-        tl.atomic_or(flags, 1)
-        nan_tile = tl.full([BLOCK_M, D_PAD], float("nan"), tl.float32).to(O_seq.dtype.element_ty)
-        offs_r = tl.arange(0, BLOCK_M)
-        for g in range(0, GROUP):
-            g_head = O_seq + (hk * GROUP + g).to(tl.int64) * stride_oh
-            for r0 in range(0, q_len, BLOCK_M):
-                rows = r0 + offs_r
-                tl.store(g_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
-                         mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -375,19 +334,6 @@ def v_nan_fixup_kernel(Out, NanFlags, cu_seqlens_q, seqlen_q, total_q, stride_ob
                 rows = r0 + offs_r
                 tl.store(o_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
                          mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
-
-
-@triton.jit
-def _v_nan_apply(NanFlags, o_head, b, hk, n_heads_k, q_len, stride_om, offs_m, offs_d,
-                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """_v_nan_find's second half, after this program stored its rows: NaN into its rows' features
-    where any program of the group found one."""
-    flags = NanFlags + (b * n_heads_k + hk).to(tl.int64) * (D_PAD + 1)
-    if tl.atomic_or(flags, 0) != 0:
-        nan_cols = tl.atomic_or(flags + 1 + offs_d, tl.zeros([D_PAD], dtype=tl.int32))
-        nan_tile = tl.full([BLOCK_M, D_PAD], float("nan"), tl.float32).to(o_head.dtype.element_ty)
-        tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], nan_tile,
-                 mask=(offs_m[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -551,7 +497,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_SCAN_FAMILIES, tables.FWD_NAN_FIXUP_FAMILIES,
+                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES,
                     tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
                     launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
@@ -563,7 +509,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             out = new_output(q, q.shape, out_dtype)
             lse = new_output(q, lse_shape, torch.float32)
             flags = None
-            if flags_spec is not None:  # (shape, dtype, zeroed: the in-kernel scan's flags start at 0)
+            if flags_spec is not None:  # (shape, dtype, zeroed: the fix-up's marks start at 0)
                 flags = (torch.zeros if flags_spec[2] else torch.empty)(flags_spec[0], device=q.device,
                                                                          dtype=flags_spec[1])
             if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
@@ -618,18 +564,17 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
     descale = q if descale is None else descale  # read only on the FP8 path
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference -- from
-    # a pass over V before the forward, or (tables.FWD_NAN_SCAN_FAMILIES) found inside it, _v_nan_find
-    nan_scan = nan_fixup = nan_flags = None
+    # a pass over V before the forward, or (tables.FWD_NAN_FIXUP_FAMILIES) marked inside it and written
+    # by v_nan_fixup_kernel after it
+    nan_fixup = nan_flags = None
     d_row = 2 * d_lo if d_hi else d_lo  # (the kernel's D_ROW)
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
-        # (not FP8: the scan took the sm90 FP8 forward from 120 to 776 B of ptxas stack at d128)
+        # (not FP8: its forward keeps the pass; the marks are untried in the FP8 build)
         nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES and not fp8
-        nan_scan = family_of(arch) in tables.FWD_NAN_SCAN_FAMILIES and not fp8 and not nan_fixup
         if nan_fixup:
             nan_flags = torch.zeros((batch, hk, d_row), device=q.device, dtype=torch.int32)
         else:
-            nan_flags = torch.zeros((batch, hk, d_pad + 1), device=q.device, dtype=torch.int32) if nan_scan else \
-                v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
+            nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
@@ -637,8 +582,8 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         *row_strides(out, varlen), *lse_strides(lse, varlen)),
         dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
              **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
-             nan_splits=0 if nan_flags is None or nan_scan or nan_fixup else nan_flags.shape[2],
-             **({"NAN_SCAN": True} if nan_scan else {}), **({"NAN_FIXUP": True} if nan_fixup else {}),
+             nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
+             **({"NAN_FIXUP": True} if nan_fixup else {}),
              POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if nan_fixup:

@@ -77,20 +77,15 @@ FUSED_DQ_FAMILIES = ("sm90", "cpu")
 # features, with and without).  (The fused d64 launch with its 64x64/w4 dK/dV tiles then beat both: 289 vs 254
 # at b32 s512 full, .ci/short_ab.py, the d64 row.)  "cpu" so CI tests it; AMD families keep the preprocess.
 BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
-# Families whose masked forwards find the NaNs of V inside the forward kernel (forward._v_nan_find: each
-# program scans a share of V before its key loop, and acq_rel atomics on a zeroed flag word per (sequence,
-# KV head) order the NaN writes) instead of a pass over V before it (forward.v_nan_flags_kernel); bf16 /
-# fp16 / fp32 only (FP8 keeps the pass: the scan spilled its sm90 build).  Measured on the H100 only.
-# AMD families keep the pass: on multi-XCD CDNA3 an agent-scope release writes back the XCD's L2 and an
-# acquire invalidates caches, once per program here (untimed there).
-# "cpu" (the interpreter) scans, so CI tests this path; the tests switch to the pass too.
-FWD_NAN_SCAN_FAMILIES = ("sm90", "cpu")
 # Families whose masked forwards mark V's NaN features with relaxed atomics from the lanes that see one (no
 # reduction, barrier or acq_rel RMW per program) and let a small launch after the forward write the NaNs
-# (forward.v_nan_fixup_kernel); this wins over the scan above where both are listed.  H100, 5 interleaved
-# rounds, causal forward TFLOP/s, fixup / scan / Flex (TUNING_NOTES v17): d64 b32 s512 173 / 157 / 178, b16
-# s1024 255 / 237 / 253; d128 198 / 188 / 188, 277 / 267 / 262; d96 / d192 / d256 s1024 253 / 219, 242 / 229,
-# 251 / 239.  AMD families keep the pass (untimed there).
+# (forward.v_nan_fixup_kernel); the others take a pass over V before the forward (forward.v_nan_flags_kernel).
+# It replaced an in-kernel scan (each program scanned a share of V and ordered its NaN writes by acq_rel
+# atomics on a flag word per (sequence, KV head)), which cost 20-25 % of the short causal forwards (v16).  H100, 5
+# interleaved rounds, causal forward TFLOP/s, fixup / scan / Flex (TUNING_NOTES v17): d64 b32 s512 173 / 157 /
+# 178, b16 s1024 255 / 237 / 253; d128 198 / 188 / 188, 277 / 267 / 262; d96 / d192 / d256 s1024 253 / 219,
+# 242 / 229, 251 / 239.  bf16 / fp16 / fp32 only: AMD families and FP8 keep the pass over V (untimed there).
+# "cpu" (the interpreter) marks, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_FIXUP_FAMILIES = ("sm90", "cpu")
 # Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
 # chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
