@@ -60,8 +60,9 @@ _TARGET_GROUPS = {"amd": AMD_TARGETS, "rdna": ("gfx1100",) + RDNA_ALIAS_TARGETS,
 # (fa_amd.aot_launches.DECODE_LAUNCHES), in the variants of aot_launches.DECODE_VARIANTS
 FP8_KERNELS = tuple(FP8_LAUNCHES)
 DECODE_KERNELS = tuple(DECODE_LAUNCHES)
-KERNELS = (("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + DECODE_KERNELS
-           + FP8_KERNELS)
+NAN_RULE_KERNELS = ("nan_flags", "nan_fixup")
+KERNELS = (("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq", "preprocess", "probs", "rotary") + NAN_RULE_KERNELS
+           + DECODE_KERNELS + FP8_KERNELS)
 DEFAULT_KERNELS = tuple(k for k in KERNELS if k != "probs")
 # (HEAD_DIM, D_PAD): one per table row plus non-powers-of-two: 80 exercises padding (and the 64 + 16 head-dim
 # split where the family splits, tables.HEAD_DIM_SPLIT_FAMILIES), 192 the 128 + 64 split
@@ -271,6 +272,9 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
                                                                                                     d_pad)))
     if kernel == "rotary":
         return variant in ("", "plain", "all")
+    if kernel in NAN_RULE_KERNELS:  # masked forwards only; the fix-up where the family lists it, else the pass
+        return variant in ("", "causal", "all", "short") and (
+            (family in tables.FWD_NAN_FIXUP_FAMILIES) == (kernel == "nan_fixup"))
     if variant == "short":
         return _has_short(target, kernel, d_pad)
     if variant == "split" and kernel not in _DKDV_KERNELS:
@@ -362,6 +366,9 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
                 continue
             if k in ("preprocess", "rotary"):
                 jobs.append(CompileJob(t, k, 256 if k == "preprocess" else 128, dtype, "plain"))
+                continue
+            if k in NAN_RULE_KERNELS:  # (one masked launch: these kernels have no table row)
+                jobs += [CompileJob(t, k, 256, dtype, "all")] if builds(t, k, 256, causal=True, variant="all") else []
                 continue
             rows = [d for d in (128, 256, 64) if (t, k, d) not in known and builds(t, k, d, causal=True)]
             if rows:

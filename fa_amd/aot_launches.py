@@ -176,6 +176,10 @@ LAUNCHES = {
     "dkdv_fused": Launch("backward", "attn_bwd_dkdv_kernel", _run_backward, dict(deterministic=False),
                          {_BWD: "fused"}, "dkdv"),
     "rotary": Launch("rotary", "_rotary_kernel", _run_rotary),
+    # the V NaN rule of masked forwards: the pass over V before the forward, or the fix-up launch after it
+    # (tables.FWD_NAN_FIXUP_FAMILIES); fa_amd.aot.builds says which a target runs
+    "nan_flags": Launch("forward", "v_nan_flags_kernel", _run_forward),
+    "nan_fixup": Launch("forward", "v_nan_fixup_kernel", _run_forward),
 }
 
 

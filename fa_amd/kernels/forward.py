@@ -376,9 +376,10 @@ def _v_nan_columns(V_head, first, step, k_len, stride_vn, stride_vd, offs_n, off
 def v_nan_flags(v, cu_seqlens_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k):
     """int8 (batch, hk, splits, d_pad): nonzero where V of (sequence, KV head) holds a NaN in a feature,
     split over at most NAN_SPLITS_MAX programs per (sequence, KV head) (tables.V_NAN_FLAGS)."""
-    if v.device.type == "cpu":  # the interpreter: one torch pass, not splits * hk * batch interpreted programs
+    arch = arch_for(v)
+    if arch.backend == "interpreter":  # one torch pass, not splits * hk * batch interpreted programs
         return _v_nan_flags_torch(v, cu_seqlens_k, varlen, batch, hk, d, d_pad)
-    cfg = nan_flags_config(arch_for(v))
+    cfg = nan_flags_config(arch)
     block_n, splits = head_scan_grid(cfg, d_pad, max_seqlen_k, NAN_SPLITS_MAX.value, heads=batch * hk)
     flags = torch.empty((batch, hk, splits, d_pad), device=v.device, dtype=torch.int8)
     jit_launch(v_nan_flags_kernel, (splits, hk, batch), (
