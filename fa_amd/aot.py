@@ -273,7 +273,7 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     if kernel == "rotary":
         return variant in ("", "plain", "all")
     if kernel in NAN_RULE_KERNELS:  # masked forwards only; the fix-up where the family lists it, else the pass
-        return variant in ("", "causal", "all", "short") and (
+        return variant in ("", "causal", "all") and (
             (family in tables.FWD_NAN_FIXUP_FAMILIES) == (kernel == "nan_fixup"))
     if variant == "short":
         return _has_short(target, kernel, d_pad)

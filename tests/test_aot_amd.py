@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fa_amd import aot, aot_launches
+from fa_amd.tuning import family_of, tables
 from fa_amd.tuning.tables import HIP_ONLY_OPTIONS, TABLES
 
 FULL = os.environ.get("FA_AMD_AOT_FULL", "0") == "1"
@@ -39,6 +40,10 @@ def test_job_lists_cover_every_target_and_kernel():
     assert {(j.target, j.kernel) for j in ci} == runs
     assert ("sm90", "dkdv_fused") in runs and ("gfx942", "dkdv_fused") not in runs
     assert ("gfx942", "dkdv_atomic") in runs and ("sm90", "dkdv_atomic") not in runs
+    # the V NaN rule of masked forwards: the fix-up launch where the family lists it, else the pass over V
+    for t in targets:
+        fixup = family_of(aot._arch_of(t)) in tables.FWD_NAN_FIXUP_FAMILIES
+        assert ((t, "nan_fixup") in runs, (t, "nan_flags") in runs) == (fixup, not fixup), t
     variants = {}
     for j in ci:
         variants.setdefault((j.target, j.kernel, aot._d_pad(j.head_dim)), set()).add(j.variant)
@@ -133,7 +138,8 @@ def test_launch_calls_carry_the_launchers_dtypes():
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("kernel,variant", [("fwd", "all"), ("probs", "all"), ("preprocess", "all"),
                                             ("dkdv", "split"), ("dq", "all"), ("dkdv_atomic", "all"),
-                                            ("dkdv_fused", "all"), ("rotary", "plain"), ("rotary", "all")])
+                                            ("dkdv_fused", "all"), ("rotary", "plain"), ("rotary", "all"),
+                                            ("nan_fixup", "all"), ("nan_fixup", "causal")])
 def test_aot_signatures_are_the_launchers_real_arguments(kernel, variant):
     """What the AOT check builds for a job == what the public API launches for the same problem:
     every argument (tensor dtypes, shapes and strides, ints, floats, constexprs, launch options).
@@ -172,7 +178,7 @@ def test_aot_signatures_are_the_launchers_real_arguments(kernel, variant):
             else:
                 out = fa_amd.flash_attn_func(q, k, v, **kw)
             out = out[0] if isinstance(out, tuple) else out
-            if kernel not in ("fwd", "probs"):
+            if kernel not in ("fwd", "probs", "nan_fixup"):
                 out.backward(torch.zeros_like(out))
     fn = aot._kernel(spec)
     got = [_arguments(fn, c) for c in calls if c.kernel == spec.kernel_fn]
