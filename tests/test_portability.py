@@ -24,6 +24,10 @@ interpreter_only = pytest.mark.skipif(not ON_INTERPRETER, reason="checks Triton'
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    # each test draws the same inputs whatever ran before it: on these few-element bf16 problems the max-error
+    # statistic swings from draw to draw (about 1 draw in 12 of the varlen case puts a bf16-rounded P one ulp
+    # past 2x PyTorch's own error on a 2-5-key row, at cc31da2 as today; docs/TUNING_NOTES.md "Open")
+    torch.manual_seed(0)
 
 
 def _python(code, **env):
