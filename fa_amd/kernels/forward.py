@@ -303,7 +303,8 @@ def _v_nan_flagged(flag_head, nan_splits, cols, D_ROW: tl.constexpr, WIDTH: tl.c
 def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d,
                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
     """flags[d] |= 1 for every feature d in which V's key blocks share, share + shares, ... hold a NaN: a
-    relaxed atomic per element, issued only by the lanes that hold a NaN (none in the common case)."""
+    relaxed atomic per element, issued only by the lanes that hold a NaN (none in the common case).
+    (Not _v_nan_columns, which walks the blocks alike: its column reduction costs barriers in every program.)"""
     for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
         rows = n0 + offs_n
         v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
@@ -568,12 +569,12 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     # a pass over V before the forward, or (tables.FWD_NAN_FIXUP_FAMILIES) marked inside it and written
     # by v_nan_fixup_kernel after it
     nan_fixup = nan_flags = None
-    d_row = 2 * d_lo if d_hi else d_lo  # (the kernel's D_ROW)
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
         # (not FP8: its forward keeps the pass; the marks are untried in the FP8 build)
         nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES and not fp8
         if nan_fixup:
-            nan_flags = torch.zeros((batch, hk, d_row), device=q.device, dtype=torch.int32)
+            # (d_pad: the kernel's D_ROW, both chunks of a split head dim)
+            nan_flags = torch.zeros((batch, hk, d_pad), device=q.device, dtype=torch.int32)
         else:
             nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
@@ -588,9 +589,11 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
              POSITIVE_SCALE=softmax_scale > 0 and raw_max,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if nan_fixup:
+        nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
         jit_launch(v_nan_fixup_kernel, (hk, batch), (
             out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
-            dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_row, BLOCK_M=max(1, 4096 // d_row), IS_VARLEN=varlen))
+            dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
+                 IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"]))
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q

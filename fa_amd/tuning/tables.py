@@ -592,7 +592,9 @@ ROTARY_TILE = {
 # The V NaN-flag pass of masked forwards (kernels/forward.v_nan_flags: a NaN in V reaches every row, as in
 # the eager reference, also rows whose mask skips its block), the same layout as FP8_QUANTIZE: blocks of
 # BLOCK_ELEMENTS elements, at most MAX_SPLITS (<= forward.NAN_SPLITS_MAX) programs per (sequence, KV
-# head).  A read-only pass at memory bandwidth; its V stays in L2 for the forward that follows.
+# head).  A read-only pass at memory bandwidth; its V stays in L2 for the forward that follows.  The
+# families of FWD_NAN_FIXUP_FAMILIES read it for their fix-up launch instead: BLOCK_ELEMENTS per block of rows
+# (query rows x padded head dim) and num_warps.
 V_NAN_FLAGS = {
     "default": {"BLOCK_ELEMENTS": 4096, "MAX_SPLITS": 32, "PROGRAMS": 2048, "num_warps": 4},
 }
