@@ -49,6 +49,10 @@ HARMLESS_KWARGS = frozenset(
         "seq_idx",
         "layer_idx",
         "logits_to_keep",
+        # continuous batching's per-batch inputs of the sampling step (transformers 5.24): which positions get
+        # logits, and the per-request arguments of its logits processors
+        "logits_indices",
+        "logits_processor_args",
     }
 )
 
@@ -60,9 +64,6 @@ UNSUPPORTED_KWARGS = {
     "head_mask": "a per-head mask",
     "indices": "sparse attention indices",
     "block_indices": "block-sparse attention indices",
-    "block_table": "a paged KV cache (block_table) without its PagedAttentionCache (`cache`)",
-    "k_cache": "a paged KV cache (k_cache) without its PagedAttentionCache (`cache`)",
-    "v_cache": "a paged KV cache (v_cache) without its PagedAttentionCache (`cache`)",
 }
 
 # A forward with at most this many new tokens on top of a KV cache runs the split-KV decode kernel
@@ -71,6 +72,8 @@ DECODE_MAX_QUERY_LEN = 16
 # Keyword arguments continuous batching threads through the model next to its `cache`; the cache's
 # update reads (and rewrites) them.
 _PAGED_BOOKKEEPING = ("read_index", "write_index", "logits_indices", "logits_processor_args")
+# a decode-only batch's pages, for the kernel to append the new tokens into and attend over
+_PAGED_DECODE = ("block_table", "k_cache", "v_cache")
 
 _warned = set()
 
@@ -312,7 +315,9 @@ def fa_amd_attention_forward(
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
-    if cache is not None:  # continuous batching: a paged cache the attention updates itself
+    # continuous batching: a paged cache that the attention updates itself (`cache`, Transformers <= 5.17),
+    # or one the attention module updated before calling (its bookkeeping kwargs, later versions)
+    if cache is not None or any(kwargs.get(name) is not None for name in _PAGED_BOOKKEEPING + _PAGED_DECODE):
         return _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window,
                                       softcap, is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
                                       kwargs, sink_kwargs)
@@ -493,21 +498,27 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
                            is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, kwargs, sink_kwargs):
     """Continuous batching (``generate_batch``, ``transformers serve``): the PagedAttentionCache writes
     the new keys/values (or, on a decode-only batch with a block table, hands over its pages), then
-    fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys."""
-    from transformers.generation.continuous_batching import PagedAttentionCache
-
-    if not isinstance(cache, PagedAttentionCache):
-        raise ValueError(f"fa_amd attention got `cache` of type {type(cache).__name__}; only Transformers' "
-                         "PagedAttentionCache (continuous batching) is understood there")
-    state = {name: kwargs.pop(name) for name in _PAGED_BOOKKEEPING + ("block_table",) if name in kwargs}
+    fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys.
+    `cache` None: the attention module already ran the cache's update (Transformers after 5.17), which
+    left the per-layer cu_seq_lens_k / max_length_k (and the pages) in the kwargs."""
+    state = {name: kwargs.pop(name) for name in _PAGED_BOOKKEEPING + _PAGED_DECODE if name in kwargs}
     _check_kwargs(kwargs)
+    if cache is not None:
+        from transformers.generation.continuous_batching import PagedAttentionCache
+
+        if not isinstance(cache, PagedAttentionCache):
+            raise ValueError(f"fa_amd attention got `cache` of type {type(cache).__name__}; only Transformers' "
+                             "PagedAttentionCache (continuous batching) is understood there")
+    elif state.get("block_table") is not None and (state.get("k_cache") is None or state.get("v_cache") is None):
+        raise ValueError("fa_amd attention got a block_table without the paged k_cache and v_cache it indexes")
     if attention_mask is not None:
         raise ValueError("continuous batching with fa_amd runs unmasked varlen attention; got an attention_mask "
                          "(is the model registered as a flash implementation?)")
     if cu_seq_lens_q is None or cu_seq_lens_k is None or max_length_q is None or max_length_k is None:
         raise ValueError("a PagedAttentionCache needs cu_seq_lens_q/k and max_length_q/k")
     state.update(cu_seq_lens_k=cu_seq_lens_k, max_length_k=max_length_k)
-    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=state)
+    if cache is not None:
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=state)
     cu_k, max_k = state["cu_seq_lens_k"], _as_int(state["max_length_k"], "max_length_k")
     hq, d = query.shape[1], query.shape[-1]
     # flash layout of the packed batch: (tokens, heads, d)
