@@ -9,13 +9,22 @@ values (tables.DECODE_TABLES / DECODE_SPLITS for this GPU's family) can be picke
      merges, tables.DECODE_FUSED_MERGE_FAMILIES) against the split_merge_kernel launch after it
      ("launch"), tabled tile and split rule, on every row (host time included: each call is a whole
      flash_attn_with_kvcache call, as in `fa-amd bench --decode`; rows that do not split run the
-     same code in both).
+     same code in both);
+  5. kernel: the kernels alone -- each candidate call captured once in a CUDA graph and replayed --
+     over tiles x explicit split counts (num_splits) per row, SDPA's graph in the same rounds: what
+     the kernels can do where whole calls are bound by host time (batch 1, 2k rows);
+  6. flush: the tabled launch and SDPA, whole calls and graph replays, after each of three L2
+     flushes: "zero" (a 256 MB buffer zeroed, triton.testing.do_bench's and `fa-amd bench`'s
+     method, which leaves up to an L2 of dirty lines for the timed call to write back), "read" (the
+     same buffer summed: L2 left holding clean lines) and "none".
 
 Each (row, candidate) is timed like `fa-amd bench --decode` (L2 flush before each call, CUDA events,
 median call per round), candidates of a row in interleaved rounds with torch SDPA in the same rounds;
-median round.  Prints one JSON line per (stage, row, candidate) and a summary; writes
+median round (the decode bench's flush, bench_decode.DECODE_L2_FLUSH; FLUSH picks stage 5's).  Prints one
+JSON line per (stage, row, candidate) and a summary; writes
 $OUT/decode_ab.json when OUT is set.  ROUNDS (env, default 3) sets the rounds; ROWS (env, e.g.
-"1x8192,64x2048") limits the rows; --stages picks stages (default: all four).
+"1x8192,64x2048") limits the rows; --stages picks stages (default: the first four); HEAD_DIM (env) runs
+the rows at another head dim; TABLE_TILE_ONLY=1 gives stage 5 the table's tile only (split counts vary).
 
     python .ci/decode_ab.py
     ROUNDS=7 python .ci/decode_ab.py --stages merge       # fused vs launched merge, SDPA in the rounds
@@ -40,11 +49,12 @@ from fa_amd.tuning import tables  # noqa: E402
 ROUNDS = int(os.environ.get("ROUNDS", 3))
 # a CPU dry run (TRITON_INTERPRET=1, tiny rows) checks the plumbing: `python .ci/decode_ab.py --dry-run`
 DRY_RUN = "--dry-run" in sys.argv
-ALL_STAGES = ("tiles", "splits", "paging", "merge")
-STAGES = ALL_STAGES
+ALL_STAGES = ("tiles", "splits", "paging", "merge", "kernel", "flush")
+STAGES = ALL_STAGES[:4]
 if "--stages" in sys.argv:
     STAGES = tuple(sys.argv[sys.argv.index("--stages") + 1].split(","))
     assert set(STAGES) <= set(ALL_STAGES), f"--stages: pick from {','.join(ALL_STAGES)}"
+FLUSH = os.environ.get("FLUSH", bench_decode.DECODE_L2_FLUSH)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (BLOCK_N, num_warps, num_stages) for BLOCK_M = 16 (one KV group's 4 heads per tile at GQA 32/8)
 TILES = [None, (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3), (128, 8, 3),
@@ -54,11 +64,19 @@ SPLIT_RULES = [None, dict(programs_per_sm=1), dict(programs_per_sm=4), dict(prog
                dict(max_splits=32), dict(efficiency=0.95), "no-split"]
 PAGES = [None, 16, 64, 256]
 MERGES = ["fused", "launch"]
+# stage 5: tiles (None: the table's) x explicit key splits (0: the tabled rule) by batch
+KERNEL_TILES = [None, (64, 4, 2), (64, 8, 3), (64, 2, 4), (128, 4, 2), (128, 4, 3), (128, 8, 2), (32, 4, 4)]
+KERNEL_SPLITS = {1: [0, 4, 8, 12, 16, 32], 8: [0, 1, 2, 4], 64: [0]}
+if os.environ.get("TABLE_TILE_ONLY") == "1":  # stage 5 over split counts only (e.g. another head dim's row)
+    KERNEL_TILES = [None]
+FLUSHES = ("zero", "read", "none")
 
 
 def rows():
     wanted = os.environ.get("ROWS")
     out = bench_decode.decode_rows(smoke=DRY_RUN)
+    if os.environ.get("HEAD_DIM") and not DRY_RUN:  # the same rows at another head dim
+        out = [bench_decode.DecodeRow(r.batch, r.cache, head_dim=int(os.environ["HEAD_DIM"])) for r in out]
     if wanted:
         keep = {tuple(int(x) for x in item.split("x")) for item in wanted.split(",")}
         out = [r for r in out if (r.batch, r.cache) in keep]
@@ -81,6 +99,7 @@ def apply(tile=None, split_rule=None, merge=None):
     if _INSTALLED[0] == state:
         return
     _INSTALLED[0] = state
+    decode._PLANS.clear()  # (a memoized launch plan keeps the tile it was made with)
     others = tuple(f for f in PRISTINE_FUSED_MERGE if f != FAMILY)
     tables.DECODE_FUSED_MERGE_FAMILIES = {None: PRISTINE_FUSED_MERGE, "fused": others + (FAMILY,),
                                           "launch": others}[merge]
@@ -90,7 +109,8 @@ def apply(tile=None, split_rule=None, merge=None):
         row = next(r for r in tables.DECODE_TABLES[FAMILY] if r["head_dim"] >= 128)
         row["decode"].update(BLOCK_M=16, BLOCK_N=tile[0], num_warps=tile[1], num_stages=tile[2])
     policy = dict(PRISTINE_SPLITS)
-    if isinstance(split_rule, dict):
+    if isinstance(split_rule, dict):  # (a candidate rule replaces the table's head-dim overrides too)
+        policy.pop("head_dims", None)
         policy.update(split_rule)
     tables.DECODE_SPLITS[FAMILY] = policy
     tuning._DECODE_RESOLVED.clear()
@@ -143,7 +163,7 @@ def make_call(row, q, k, v, tile, rule, page, merge=None):
 def round_ms(fn, calls):
     if DEVICE == "cpu":
         return bench.time_ms(fn, smoke=True)
-    return bench.gpu_round_ms(fn, (), calls)
+    return bench.gpu_round_ms(fn, (), calls, bench_decode.DECODE_L2_FLUSH)
 
 
 def time_row(row, candidates, with_sdpa=True):
@@ -173,6 +193,107 @@ def time_row(row, candidates, with_sdpa=True):
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def flusher(mode):
+    """fn() run before each timed call: the L2 flush `mode` (stage 6 says what each leaves in L2)."""
+    if mode == "none" or DEVICE == "cpu":
+        return lambda: None
+    return bench.l2_flush(mode)
+
+
+def capture(fn):
+    """(replay, keep) of fn captured in a CUDA graph, warmed on the capture stream (so the decode
+    split counters of that stream exist before capture and no memset joins the graph); None on the CPU."""
+    if DEVICE == "cpu":
+        return fn, None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        kept = fn()
+    torch.cuda.synchronize()
+    return graph.replay, (graph, kept)
+
+
+def flushed_round_ms(fn, calls, flush):
+    """Median GPU ms of `calls` calls of fn, each after flush(), timed with CUDA events."""
+    if DEVICE == "cpu":
+        return bench.time_ms(fn, smoke=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    fn()
+    for start, end in events:
+        flush()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def time_flushed(row, calls, flush_modes, label):
+    """{name: median-round GB/s} for named fns `calls` ({name: fn}), each after each flush mode, all
+    (name, flush) pairs in interleaved rounds."""
+    cases = {f"{name} flush={mode}" if len(flush_modes) > 1 else name: (fn, flusher(mode))
+             for name, fn in calls.items() for mode in flush_modes}
+    per_round = {name: bench._calls_per_round(flushed_round_ms(fn, 3, flush)) for name, (fn, flush) in cases.items()}
+    times = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, flush = cases[name]
+            times[name].append(flushed_round_ms(fn, per_round[name], flush))
+    out = {}
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        gbs = row.kv_bytes() / (ms * 1e-3) / 1e9
+        out[name] = gbs
+        print(json.dumps(dict(stage=label, row=row.label, candidate=name, us=round(ms * 1e3, 2), gbs=round(gbs, 1),
+                              rounds_us=[round(t * 1e3, 2) for t in ts])), flush=True)
+    return out
+
+
+def kernel_row(row):
+    """Stage 5 for one row: graph replays of tile x split candidates and of SDPA."""
+    q, k, v = bench_decode._decode_inputs(row, torch.bfloat16 if DEVICE == "cuda" else torch.float32, DEVICE)
+    q_f, k_f, v_f = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    splits = KERNEL_SPLITS.get(row.batch, [0]) if not DRY_RUN else [0, 2]
+    graphs, keep = {}, []
+    for tile in (KERNEL_TILES if not DRY_RUN else [None, (16, 4, 1)]):
+        apply(tile)
+        for n in splits:
+            fn = (lambda n=n: fa_amd.flash_attn_with_kvcache(q_f, k_f, v_f, num_splits=n))
+            replay, held = capture(fn)
+            graphs[f"{name_of(tile, None, None)} splits={n or 'rule'}"] = replay
+            keep.append(held)
+    apply()
+    replay, held = capture(bench_decode._decode_call("sdpa", row, q, k, v, DEVICE))
+    graphs["sdpa"], _ = replay, keep.append(held)
+    result = time_flushed(row, graphs, (FLUSH,), "kernel")
+    del q, k, v, graphs, keep
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def flush_row(row):
+    """Stage 6 for one row: the tabled launch and SDPA, whole calls and graph replays, per flush."""
+    q, k, v = bench_decode._decode_inputs(row, torch.bfloat16 if DEVICE == "cuda" else torch.float32, DEVICE)
+    calls = {m: bench_decode._decode_call(m, row, q, k, v, DEVICE) for m in ("fa_amd", "sdpa")}
+    keep = []
+    for m in ("fa_amd", "sdpa"):
+        replay, held = capture(calls[m])
+        calls[f"{m} graph"] = replay
+        keep.append(held)
+    result = time_flushed(row, calls, FLUSHES, "flush")
+    del q, k, v, calls, keep
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
 
 def geomean(values):
@@ -232,6 +353,22 @@ def main():
         print(f"# merge geometric mean: fused {geomean([c[fused] for c in stage.values()]):.0f} GB/s, launch "
               f"{geomean([c[launched] for c in stage.values()]):.0f} GB/s, sdpa "
               f"{geomean([c['sdpa'] for c in stage.values()]):.0f} GB/s", flush=True)
+    if "kernel" in STAGES:  # 5. the kernels alone (graph replays), tiles x split counts
+        stage = {row.label: kernel_row(row) for row in the_rows}
+        results["stages"]["kernel"] = stage
+        print(f"# kernel (stage 5, graph replays, flush={FLUSH}): row, best candidate GB/s, table GB/s, sdpa GB/s")
+        for label, c in stage.items():
+            best = max((n for n in c if n != "sdpa"), key=c.get)
+            table = c.get("table splits=rule", 0)
+            print(f"#   {label:16s} {best:28s} {c[best]:7.0f}  table {table:7.0f}  sdpa {c['sdpa']:7.0f}", flush=True)
+    if "flush" in STAGES:  # 6. what each L2 flush does to the timed call
+        stage = {row.label: flush_row(row) for row in the_rows}
+        results["stages"]["flush"] = stage
+        print("# flush (stage 6): GB/s per flush zero / read / none")
+        for label, c in stage.items():
+            cells = "  ".join(f"{m}: " + "/".join(f"{c[f'{m} flush={f}']:.0f}" for f in FLUSHES)
+                              for m in ("fa_amd", "sdpa", "fa_amd graph", "sdpa graph"))
+            print(f"#   {label:16s} {cells}", flush=True)
     if "tiles" in STAGES:  # per row: best candidate of stage 1 and its share of SDPA
         print("# per row (stage 1): best tile, its GB/s, SDPA GB/s")
         for label, cands in results["stages"]["tiles"].items():

@@ -511,6 +511,7 @@ class _Timed:
     rounds: List[float]
     note: str = ""
     calls: int = 1  # timed calls per round (set in round one)
+    flush: str = "zero"  # the L2 flush before each timed call (l2_flush)
 
 
 def _failure_note(exc: Exception) -> str:
@@ -539,7 +540,21 @@ def _prepare(method: str, shape: Shape, dtype, device) -> List[_Timed]:
     return [_Timed(base, "fwd", fwd, (q, k, v), []), _Timed(base, "fwd+bwd", fwd_bwd, (q, k, v), [])]
 
 
-_L2_FLUSH = []  # one 256 MB buffer, zeroed before every timed call (as triton.testing.do_bench does)
+_L2_FLUSH = []  # one 256 MB buffer that every timed call's L2 flush goes through
+# L2 flushes before a timed call: "zero" zeroes the buffer (triton.testing.do_bench's method; it leaves
+# up to an L2 of dirty lines, whose write-back the timed call then pays: ~50 MB, ~16 us at the H100's
+# ~3 TB/s, charged to bandwidth-bound decode rows, .ci/decode_ab.py stage "flush"); "read" sums it
+# (L2 left holding clean lines: the inputs still come from HBM, and nothing is written back)
+L2_FLUSHES = ("zero", "read")
+
+
+def l2_flush(mode: str = "zero"):
+    """fn() that flushes the L2 by `mode` (L2_FLUSHES)."""
+    if mode not in L2_FLUSHES:
+        raise ValueError(f"unknown L2 flush {mode!r}; pick from {L2_FLUSHES}")
+    if not _L2_FLUSH:
+        _L2_FLUSH.append(torch.zeros(64 * 2**20, dtype=torch.float32, device="cuda"))
+    return _L2_FLUSH[0].zero_ if mode == "zero" else _L2_FLUSH[0].sum
 
 
 def _calls_per_round(est_ms: float) -> int:
@@ -549,18 +564,16 @@ def _calls_per_round(est_ms: float) -> int:
     return max(1, min(calls, int(MAX_ROUND_MS / max(est_ms, 1e-3))))
 
 
-def gpu_round_ms(fn, grads, calls: int) -> float:
-    """Median GPU milliseconds of `calls` calls, each after an L2 flush, timed with CUDA events;
-    `grads` are reset before each call so a backward assigns instead of accumulating."""
-    if not _L2_FLUSH:
-        _L2_FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
-    flush = _L2_FLUSH[0]
+def gpu_round_ms(fn, grads, calls: int, flush: str = "zero") -> float:
+    """Median GPU milliseconds of `calls` calls, each after an L2 flush (`flush`: l2_flush), timed with
+    CUDA events; `grads` are reset before each call so a backward assigns instead of accumulating."""
+    flush_l2 = l2_flush(flush)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     _clear_grads(grads)
     fn()  # warm again after the other methods' rounds
     for start, end in events:
         _clear_grads(grads)
-        flush.zero_()
+        flush_l2()
         start.record()
         fn()
         end.record()
@@ -597,7 +610,7 @@ def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
                 timed.call()
                 torch.cuda.synchronize()
                 timed.calls = _calls_per_round((time.perf_counter() - start) * 1e3)
-            ms = gpu_round_ms(timed.call, timed.grads, timed.calls)
+            ms = gpu_round_ms(timed.call, timed.grads, timed.calls, timed.flush)
         timed.rounds.append(ms)
     except Exception as exc:  # a peer that cannot run this shape: report, keep going
         timed.note = _failure_note(exc)

@@ -13,7 +13,8 @@ K and V bytes one call must read (2 x batch x cache x kv_heads x d x 2 bytes) ov
 Methods: fa_amd (flash_attn_with_kvcache), torch SDPA (its own backend choice, enable_gqa),
 FlexAttention (torch.compile), flash_attn.flash_attn_with_kvcache if installed.  Timing as in
 `fa-amd bench`: per row, every method is timed in interleaved rounds (each round starts with
-another method), each call after an L2 flush with CUDA events, median call per round, median round.
+another method), each call after an L2 flush that leaves clean lines (DECODE_L2_FLUSH) with CUDA
+events, median call per round, median round.
 
 generate(): a random-init Llama (8 layers, hidden 2048, 16 query / 4 KV heads, d128; the recipes'
 GPU shape), batch 8, a 1024-token prompt, 128 new greedy tokens (min = max), DynamicCache and
@@ -42,6 +43,9 @@ DECODE_METHODS = ("fa_amd", "sdpa", "flex", "flash_attn")
 HBM_PEAK_GBS = {"H100 80GB HBM3": 3350, "H100 SXM": 3350, "H100": 3350, "H200": 4800, "MI300X": 5300,
                 "MI325X": 6000, "MI250X": 3277, "A100-SXM4-80GB": 2039, "A100": 1555}
 GENERATE_IMPLS = ("fa_amd", "sdpa")
+# decode rows are bandwidth-bound: their L2 flush leaves clean lines (bench.l2_flush "read"), so a call is
+# not charged the write-back of a zeroing flush's dirty lines (~16 us on the H100; docs/PERFORMANCE.md)
+DECODE_L2_FLUSH = "read"
 
 
 @dataclass
@@ -135,7 +139,8 @@ def bench_decode_row(methods, row: DecodeRow, dtype, device, smoke: bool, rounds
     timed = []
     for method in methods:
         try:
-            timed.append(bench._Timed(base, "decode", _decode_call(method, row, q, k, v, device), (), []))
+            timed.append(bench._Timed(base, "decode", _decode_call(method, row, q, k, v, device), (), [],
+                                      flush=DECODE_L2_FLUSH))
         except bench.Unavailable as exc:
             timed.append(bench._Timed(base, "decode", None, (), [], note=f"n/a: {exc}"))
         timed[-1].base = dict(base, method=method)

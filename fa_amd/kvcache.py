@@ -24,10 +24,10 @@ from torch import Tensor
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
                         _check_tensor, _normalize_scalars)
-from .kernels.decode import decode_forward, kv_append
+from .kernels.decode import decode_forward, kv_append, run_planned
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
-from .tuning import get_decode_config
+from .tuning import get_decode_config, tables
 
 # "1": also check the values of device index tensors (one device->host copy per tensor version)
 CHECK_KVCACHE_ENV = "FA_AMD_CHECK_KVCACHE"
@@ -64,7 +64,8 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, softmax_scale: float
     return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
-                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype)
+                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype,
+                          own_counters=True)  # (see decode_forward: the compiled graph may run in cudagraph trees)
 
 
 @_decode_op.register_fake
@@ -88,15 +89,21 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
                      cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                      cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                      key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                     rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None):
+                     rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None,
+                     plan_key=None):
     """(out, lse) of the decode kernel on already-checked arguments: the custom op while
-    torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward)."""
-    fn = _decode_op if torch.compiler.is_compiling() else decode_forward
-    fp8 = (descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
-    return fn(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
-              max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k, seqused_k, cache_leftpad,
-              cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin, rotary_interleaved, rotary_per_token,
-              num_splits, sinks, *fp8)
+    torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward;
+    `plan_key`: the key its launch plan is memoized under, for a plain call of flash_attn_with_kvcache)."""
+    if torch.compiler.is_compiling():
+        fp8 = (descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
+        return _decode_op(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                          cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
+                          seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
+                          rotary_interleaved, rotary_per_token, num_splits, sinks, *fp8)
+    return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                          cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
+                          seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
+                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype, plan_key)
 
 
 def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
@@ -322,7 +329,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse)
         checked = _CHECKED_PLAIN_CALLS.get(plain_key)
         if checked is not None:  # this call's structure passed every check below before
-            return _plain_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits,
+            return _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits,
                                return_softmax_lse, *checked)
     paged = block_table is not None
     descale = out_dtype_fp8 = None
@@ -402,7 +409,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks, descale=descale,
-        out_dtype=out_dtype_fp8)
+        out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -427,10 +434,17 @@ def _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_sca
             _tensor_key(block_table), scalars, tuple(map(type, scalars)), torch.is_grad_enabled(), INTERPRET)
 
 
-def _plain_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse, capacity,
-                scale, left, right, softcap, window_size):
+def _decode_plan_key(plain_key):
+    """The key of a plain call's launch plan (kernels/decode.py): its checked structure determines the
+    launch, with the merge's table in force (tests and A/B scripts switch it)."""
+    return plain_key, tables.DECODE_FUSED_MERGE_FAMILIES
+
+
+def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse,
+                capacity, scale, left, right, softcap, window_size):
     """flash_attn_with_kvcache's plain call whose structure was checked before (see _CHECKED_PLAIN_CALLS):
-    only the device values are checked (where that costs no sync), then the kernels run."""
+    only the device values are checked (where that costs no sync), then the kernels run -- straight
+    from the call's launch plan once there is one."""
     cache_seqlens_int = None
     if isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
@@ -439,10 +453,15 @@ def _plain_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, num_spl
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache, q.shape[0])
-    out, lse = decode_attention(
-        _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
-        cache_seqlens_int=cache_seqlens_int, block_table=block_table,
-        rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits)
+    q = _contiguous_last(q)
+    plan_key = _decode_plan_key(plain_key)
+    hit = run_planned(plan_key, q, k_cache, v_cache, cache_seqlens, block_table)
+    if hit is None:
+        hit = decode_attention(q, k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
+                               cache_seqlens_int=cache_seqlens_int, block_table=block_table,
+                               rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits,
+                               plan_key=plan_key)
+    out, lse = hit
     return (out, lse) if return_softmax_lse else out
 
 

@@ -599,7 +599,20 @@ _SPLIT_COUNTERS = {}
 _RETIRED_COUNTERS = []
 
 
-def _split_counters(q, n: int) -> torch.Tensor:
+def _counters_for(q, n: int, stream, own: bool) -> torch.Tensor:
+    """The zeroed split counters of a fused-merge launch: the stream's cached buffer, or (own) a fresh one."""
+    return torch.zeros(n, dtype=torch.int32, device=q.device) if own else _split_counters(q, n, stream)
+
+
+def _current_stream(q):
+    """The raw handle of the stream a launch goes to (the current device's current stream, as Triton's
+    launcher looks it up), once per decode call: the counters' key and the replayed launches share it."""
+    if q.device.type != "cuda":
+        return None
+    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device())
+
+
+def _split_counters(q, n: int, stream=None) -> torch.Tensor:
     """At least n int32 counters, all zero, for a fused-merge decode launch on q's device and stream.
 
     The kernel leaves them zero (its last split program of each tile resets its counter), so one
@@ -612,7 +625,8 @@ def _split_counters(q, n: int) -> torch.Tensor:
     bigger buffer than its stream has gets a fresh zeroed one (the memset is captured with the graph,
     so it is right at every replay) that nothing else uses."""
     device = q.device
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    if stream is None:
+        stream = _current_stream(q)
     key = (device, stream)
     buf = _SPLIT_COUNTERS.get(key)
     if buf is not None and buf.numel() >= n:
@@ -673,23 +687,30 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
             given(key_mask), given(rotary_cos), given(rotary_sin), given(alibi_slopes))
 
 
-def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, kwargs, extra):
+# the decode and merge kernels' buffers that _run_plan allocates (or owns) in the plan's sizes: their
+# specialisation never changes, so a replay does not check them (CompiledLaunch `fixed`)
+_OWN_BUFFERS = frozenset({"Out", "Lse", "OutPart", "LsePart", "SplitCounters"})
+
+
+def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, kwargs, extra, stream=None):
     """kernel[grid](*tensors, *ints, **kwargs, **extra) through the plan's replayed CompiledLaunch of
     it when Triton would specialise these tensors as it did the first time, else through the JIT
-    (whose CompiledKernel then becomes the plan's replay)."""
+    (whose CompiledKernel then becomes the plan's replay).  tensors[0] (q) stands in for the absent
+    tensor arguments, which the plan's structure fixes."""
     call = tensors + tuple(extra.values())
     replay = plan.replays.get(name)
-    if replay is not None and replay.run(call):
+    if replay is not None and replay.run(call, stream):
         return
     compiled = kernel[grid](*tensors, *ints, **kwargs, **extra)
     if isinstance(compiled, CompiledKernel):  # (not the interpreter's or an AOT recorder's launch)
         names = tuple(kernel.arg_names[:len(tensors)]) + tuple(extra)
+        fixed = {n for n, t in zip(names, call) if n in _OWN_BUFFERS or (t is tensors[0] and n != names[0])}
         plan.replays[name] = CompiledLaunch(kernel, compiled, grid, tensors + ints, dict(kwargs, **extra), names,
-                                            arch_for(tensors[0]).is_hip)
+                                            arch_for(tensors[0]).is_hip, fixed)
 
 
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-              key_mask, sinks, descale):
+              key_mask, sinks, descale, own_counters=False):
     out = new_output(q, plan.out_shape, plan.out_dtype)
     lse = new_output(q, plan.lse_shape, torch.float32)
     if plan.part_shapes is not None:
@@ -704,20 +725,31 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
         extra["Sinks"] = sinks
     if descale is not None:
         extra["Descale"] = descale
+    stream = _current_stream(q)
     if plan.counters:
-        extra["SplitCounters"] = _split_counters(q, plan.counters)
-    _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra)
+        extra["SplitCounters"] = _counters_for(q, plan.counters, stream, own_counters)
+    _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra, stream)
     if plan.part_shapes is not None and not plan.counters:
         _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
-                         plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {})
+                         plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {}, stream)
     return out, lse
+
+
+def run_planned(plan_key, q, k_cache, v_cache, cache_seqlens=None, block_table=None):
+    """(out, lse) of a plain call (no index tensors but cache_seqlens / block_table, no mask, sinks or
+    FP8) whose plan decode_forward stored under the caller's `plan_key`, or None (no such plan yet)."""
+    plan = _PLANS.get(plan_key)
+    if plan is None:
+        return None
+    return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, None)
 
 
 def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                   rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None):
+                   rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None, plan_key=None,
+                   own_counters=False):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -733,10 +765,18 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
 
     Decode is host-bound at small batches: the common call (dense or paged cache, with or without a
     per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized
-    _DecodePlan and only allocates and launches.
+    _DecodePlan and only allocates and launches.  `plan_key`: the caller's key of such a call, which
+    must determine everything this function's own key holds (fa_amd.kvcache's plain calls).
+    `own_counters`: a split call with the fused merge takes freshly zeroed counters of its own instead
+    of the stream's cached buffer (the custom op under torch.compile: a buffer first made inside
+    cudagraph trees' warm-up would live in their memory pool, which they refuse).
     """
-    plan_key = None
-    if (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None
+    if plan_key is not None:
+        plan = _PLANS.get(plan_key)
+        if plan is not None:
+            return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
+                             key_mask, sinks, descale, own_counters)
+    elif (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None
             and seqused_k is None):
         plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
                     v_cache.stride(), k_cache.dtype,
@@ -748,7 +788,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         plan = _PLANS.get(plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-                             key_mask, sinks, descale)
+                             key_mask, sinks, descale, own_counters)
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
         total_q, hq, d = q.shape
@@ -789,11 +829,12 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     arch = arch_for(q)
     fp8 = descale is not None  # an FP8 KV cache: the tables' FP8 overrides (tables.DECODE_FP8)
     cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, fp8=fp8)["decode"]
-    if seqlen_q * group > cfg["BLOCK_M"]:
+    wide = seqlen_q * group > cfg["BLOCK_M"]
+    if wide:
         cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True, fp8=fp8)["decode"]
     n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
-    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q),
-                               get_decode_split_policy(arch), num_splits)
+    policy = get_decode_split_policy(arch, d_pad, table_tile=not (wide or fp8 or q.dtype == torch.float32))
+    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q), policy, num_splits)
     scalars, flags, _ = score_args(q, alibi_slopes, None, 0.0, softmax_scale, window_left, window_right, softcap,
                                    seqlen_q, capacity)
     flags.pop("HAS_DROPOUT")
@@ -837,7 +878,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if split and family_of(arch) in tables.DECODE_FUSED_MERGE_FAMILIES:
         # one counter per (sequence, program of grid axis 0); row tiles are at least 16 rows (launch._shrink)
         counters = batch * hk * cdiv(seqlen_q * group, 16)
-        kwargs.update(SplitCounters=_split_counters(q, counters), FUSED_MERGE=True)
+        kwargs.update(SplitCounters=_counters_for(q, counters, None, own_counters), FUSED_MERGE=True)
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
     grid0 = lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"])  # noqa: E731
     fitted = launch(decode_kernel, cfg, grid0, (splits, batch), tensors + ints, kwargs)

@@ -248,11 +248,13 @@ class CompiledLaunch:
     returned -- and the names of the parameters that take each call's own tensors.  `run` launches
     the same call with new tensors, or returns False and launches nothing where Triton would
     specialise them differently (another 16-byte alignment of a pointer; on HIP, another side of the
-    2 GiB pointer range of buffer loads): the caller then launches through the JIT."""
+    2 GiB pointer range of buffer loads): the caller then launches through the JIT.  `fixed` names
+    tensor parameters whose specialisation the caller guarantees (buffers it allocates itself in
+    the plan's sizes, stand-ins that are another checked parameter's tensor): not checked per call."""
 
-    __slots__ = ("runner", "values", "slots", "signature", "hip")
+    __slots__ = ("runner", "values", "slots", "signature", "hip", "checked")
 
-    def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool):
+    def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool, fixed=()):
         from ..tuning import resolve_entry, tables
 
         params = kernel.params
@@ -265,7 +267,8 @@ class CompiledLaunch:
         self.slots = [index[name] for name in tensor_params]
         self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (the runner reads three axes)
         self.hip = hip
-        self.signature = self._signature([self.values[j] for j in self.slots])
+        self.checked = tuple(i for i, name in enumerate(tensor_params) if name not in fixed)
+        self.signature = self._signature([self.values[self.slots[i]] for i in self.checked])
         for j in self.slots:  # hold no tensor of the first call (a KV cache may be gigabytes)
             self.values[j] = None
 
@@ -276,21 +279,25 @@ class CompiledLaunch:
 
     def fits(self, tensors) -> bool:
         """Whether Triton would specialise `tensors` as it did the recorded call's."""
-        return self._signature(tensors) == self.signature
+        return self._signature([tensors[i] for i in self.checked]) == self.signature
 
-    def run(self, tensors) -> bool:
-        """Launch with `tensors` (one per tensor parameter, in the order given at construction)."""
+    def run(self, tensors, stream=None) -> bool:
+        """Launch with `tensors` (one per tensor parameter, in the order given at construction) on
+        `stream` (a raw stream handle; None: the current device's current stream, looked up here)."""
         if not self.fits(tensors):
             return False
-        self.launch(tensors)
+        self.launch(tensors, stream)
         return True
 
-    def launch(self, tensors):
+    def launch(self, tensors, stream=None):
         """`run` without the specialisation check (the caller made it)."""
         values = self.values.copy()
         for slot, t in zip(self.slots, tensors):
             values[slot] = t
-        self.runner(*values)
+        if stream is None:
+            self.runner(*values)
+        else:
+            self.runner(*values, stream=stream)
 
 
 def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,

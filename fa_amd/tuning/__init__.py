@@ -268,9 +268,17 @@ def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:
     return cfg
 
 
-def get_decode_split_policy(arch: Arch) -> Dict:
-    """The split-count rule's parameters for this arch family (tables.DECODE_SPLITS)."""
-    return tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])
+def get_decode_split_policy(arch: Arch, d_pad: int = 0, table_tile: bool = True) -> Dict:
+    """The split-count rule's parameters for this arch family (tables.DECODE_SPLITS), with the
+    family's "head_dims" overrides of the decode table row that `d_pad` resolves to when the launch
+    runs that row's own tile (`table_tile`: not the "wide", "fp32" or FP8 variants of it)."""
+    policy = tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])
+    flat = {k: v for k, v in policy.items() if k != "head_dims"}
+    if table_tile and d_pad and policy.get("head_dims"):
+        rows = tables.DECODE_TABLES[_decode_family(arch)]
+        row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
+        flat.update(policy["head_dims"].get(row["head_dim"], {}))
+    return flat
 
 
 def _by_arch(table: Dict, arch: Arch, default):

@@ -470,9 +470,13 @@ DECODE_TABLES = {
     "cpu": [{"head_dim": 256, "decode": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
                                           "wide": {"BLOCK_M": 32}},
              "append": {"BLOCK_M": 8, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}],
+    # d128: 128-key tiles, 3 stages (two 64 KB K/V blocks in flight per program; .ci/decode_ab.py stage
+    # "kernel", H100, 2026-11-24: b8 8k 2782 vs 2665 GB/s at 16x64/w4/s4, b1 32k 2325 vs 2045 with the
+    # sm90 split rule below); the wide tile stays 64x64/w4/s4
     "sm90": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
-                         {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
-                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, _WIDE),
+                         {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+                         {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+                         {**_WIDE, 128: {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 4}}),
     "sm80": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                          {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
                          {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, _WIDE),
@@ -522,10 +526,19 @@ DECODE_FP8 = {
 # wave-efficiency rule): no split once the (batch x KV heads x row tiles) programs reach
 # `full_fraction` of `programs_per_sm` x the GPU's SM/CU count; otherwise the fewest splits whose
 # last wave is at least `efficiency` of the best one, at most `max_splits`, each holding at least
-# `min_blocks_per_split` key blocks (the merge reads every split's partial output back).
+# `min_blocks_per_split` key blocks (the merge reads every split's partial output back).  A family's
+# "head_dims" maps a table row's head dim to overrides of its rule (the tile decides how many bytes one
+# program keeps in flight, and so how many programs it takes to read at HBM speed).
 DECODE_SPLITS = {
     "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
                 "min_blocks_per_split": 2},
+    # H100 (.ci/decode_ab.py stage "kernel", graph replays, 2026-11-24): with d128's 16x128/w4/s3 tile about
+    # 64 programs already read at HBM speed (one pulls ~45 GB/s); more splits only add partials to merge:
+    # batch 1 best at 8 splits (64 programs) at every cache length, batch 8 unsplit.  d64 and d256 (32 KB
+    # per stage) still want the default's ~2 programs per SM (b8 8k: 2 splits 2813 / 2461 GB/s vs 1: 2236
+    # / 2045)
+    "sm90": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
+             "min_blocks_per_split": 2, "head_dims": {128: {"programs_per_sm": 0.5, "efficiency": 0.95}}},
 }
 # Families whose split decode merges the key splits inside the decode kernel: the last split program
 # of each tile to finish (an acq_rel counter per tile, reset by that program) merges the tile's partials

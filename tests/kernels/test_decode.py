@@ -291,6 +291,34 @@ def test_torch_compile_traces_the_custom_ops(device):
     assert torch.equal(v_cache, v_exp)
 
 
+@pytest.mark.gpu
+def test_split_decode_under_cudagraph_trees():
+    """torch.compile(mode="reduce-overhead") runs the decode op inside cudagraph trees, which refuse a tensor
+    made in their memory pool that outlives the graph: a split call with the fused merge takes counters of
+    its own there, not the stream's cached buffer (that one, first made inside the warm-up, broke
+    Transformers' StaticCache + torch.compile generate on the H100)."""
+    torch.manual_seed(5)
+    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(1, 4096, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([4000], dtype=torch.int32, device="cuda")
+
+    def step(q, k_cache, v_cache, lens):
+        return fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=4)
+
+    decode._SPLIT_COUNTERS.clear()  # (no buffer made before the compiled region: it is the warm-up's to make)
+    ref = step(q, k_cache, v_cache, lens).clone()
+    decode._SPLIT_COUNTERS.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    try:
+        for _ in range(4):  # warm-up, record, replays
+            out = compiled(q, k_cache, v_cache, lens).clone()
+            torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    finally:
+        torch._dynamo.reset()
+
+
 # --------------------------------------------------------------------------- bad input
 
 def _i32(device, *values):
