@@ -450,6 +450,13 @@ def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_
         tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # every split has arrived: nobody else touches it
 
 
+# The split merge's loads, issued together instead of one after another (at batch 1 the last program's
+# merge was a chain of 3 x n_splits dependent L2 round trips): every split's lse in tiles of
+# MERGE_LSE_SPLITS, then MERGE_UNROLL partial outputs per step, each load independent of the others
+MERGE_LSE_SPLITS = tl.constexpr(16)
+MERGE_UNROLL = tl.constexpr(2)
+
+
 @triton.jit
 def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d, Sinks,
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINKS: tl.constexpr):
@@ -458,8 +465,12 @@ def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d,
     out = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (an empty split, lse -inf, has w 0;
     a sink adds a term without a value row); a row no split saw gets out 0 and lse +inf (flash-attn)."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(0, n_splits):
-        m = tl.maximum(m, tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf")))
+    offs_s = tl.arange(0, MERGE_LSE_SPLITS)
+    for s0 in range(0, n_splits, MERGE_LSE_SPLITS):
+        split = s0 + offs_s
+        lse_tile = tl.load(LsePart + split[:, None].to(tl.int64) * n_rows + rows64[None, :],
+                           mask=(split < n_splits)[:, None] & ok[None, :], other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse_tile, 0))
     if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
         sink_log2 = tl.load(Sinks + heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
         m = tl.maximum(m, sink_log2)
@@ -469,14 +480,17 @@ def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d,
         den = tl.exp2(sink_log2 - m_safe)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
     d_ok = offs_d[None, :] < HEAD_DIM
-    for s in range(0, n_splits):
-        lse_s = tl.load(LsePart + s * n_rows + rows64, mask=ok, other=float("-inf"))
-        live = lse_s != float("-inf")  # an empty split left its partial output unwritten
-        w = tl.where(live, tl.exp2(lse_s - m_safe), 0.0)
-        o = tl.load(OutPart + (s * n_rows + rows64)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=(ok & live)[:, None] & d_ok, other=0.0)
-        den += w
-        acc += w[:, None] * o
+    for s0 in range(0, n_splits, MERGE_UNROLL):
+        for j in tl.static_range(MERGE_UNROLL):
+            split = tl.zeros([BLOCK_R], dtype=tl.int32) + (s0 + j)
+            row = split.to(tl.int64) * n_rows + rows64
+            valid = ok & (split < n_splits)
+            lse_s = tl.load(LsePart + row, mask=valid, other=float("-inf"))
+            o = tl.load(OutPart + row[:, None] * HEAD_DIM + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+            live = lse_s != float("-inf")  # an empty split left its partial output unwritten: select, not scale
+            w = tl.where(live, tl.exp2(lse_s - m_safe), 0.0)
+            den += w
+            acc += w[:, None] * tl.where(live[:, None], o, 0.0)
     empty = den == 0.0
     out = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("inf"), (m_safe + tl.log2(tl.where(empty, 1.0, den))) * LN2)

@@ -535,10 +535,13 @@ DECODE_SPLITS = {
     # H100 (.ci/decode_ab.py stage "kernel", graph replays, 2026-11-24): with d128's 16x128/w4/s3 tile about
     # 64 programs already read at HBM speed (one pulls ~45 GB/s); more splits only add partials to merge:
     # batch 1 best at 8 splits (64 programs) at every cache length, batch 8 unsplit.  d64 and d256 (32 KB
-    # per stage) still want the default's ~2 programs per SM (b8 8k: 2 splits 2813 / 2461 GB/s vs 1: 2236
-    # / 2045)
+    # per stage) want about one program per SM: batch 1 best at 16 splits (d256 b1 32k: 2640 GB/s vs 2372
+    # at the default rule's 29), batch 8 at 2 (d256 b8 8k: 2898 vs 2856 at 4; d64: 2461 vs 2393)
     "sm90": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
-             "min_blocks_per_split": 2, "head_dims": {128: {"programs_per_sm": 0.5, "efficiency": 0.95}}},
+             "min_blocks_per_split": 2,
+             "head_dims": {64: {"programs_per_sm": 1, "efficiency": 0.95},
+                           128: {"programs_per_sm": 0.5, "efficiency": 0.95},
+                           256: {"programs_per_sm": 1, "efficiency": 0.95}}},
 }
 # Families whose split decode merges the key splits inside the decode kernel: the last split program
 # of each tile to finish (an acq_rel counter per tile, reset by that program) merges the tile's partials
