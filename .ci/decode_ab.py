@@ -69,7 +69,7 @@ KERNEL_TILES = [None, (64, 4, 2), (64, 8, 3), (64, 2, 4), (128, 4, 2), (128, 4, 
 KERNEL_SPLITS = {1: [0, 4, 8, 12, 16, 32], 8: [0, 1, 2, 4], 64: [0]}
 if os.environ.get("TABLE_TILE_ONLY") == "1":  # stage 5 over split counts only (e.g. another head dim's row)
     KERNEL_TILES = [None]
-FLUSHES = ("zero", "read", "none")
+FLUSHES = bench.L2_FLUSHES
 
 
 def rows():
@@ -160,10 +160,10 @@ def make_call(row, q, k, v, tile, rule, page, merge=None):
     return call
 
 
-def round_ms(fn, calls):
+def round_ms(fn, calls, flush=bench_decode.DECODE_L2_FLUSH):
     if DEVICE == "cpu":
         return bench.time_ms(fn, smoke=True)
-    return bench.gpu_round_ms(fn, (), calls, bench_decode.DECODE_L2_FLUSH)
+    return bench.gpu_round_ms(fn, (), calls, flush)
 
 
 def time_row(row, candidates, with_sdpa=True):
@@ -195,13 +195,6 @@ def time_row(row, candidates, with_sdpa=True):
     return out
 
 
-def flusher(mode):
-    """fn() run before each timed call: the L2 flush `mode` (stage 6 says what each leaves in L2)."""
-    if mode == "none" or DEVICE == "cpu":
-        return lambda: None
-    return bench.l2_flush(mode)
-
-
 def capture(fn):
     """(replay, keep) of fn captured in a CUDA graph, warmed on the capture stream (so the decode
     split counters of that stream exist before capture and no memset joins the graph); None on the CPU."""
@@ -220,33 +213,18 @@ def capture(fn):
     return graph.replay, (graph, kept)
 
 
-def flushed_round_ms(fn, calls, flush):
-    """Median GPU ms of `calls` calls of fn, each after flush(), timed with CUDA events."""
-    if DEVICE == "cpu":
-        return bench.time_ms(fn, smoke=True)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    fn()
-    for start, end in events:
-        flush()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
-
-
 def time_flushed(row, calls, flush_modes, label):
     """{name: median-round GB/s} for named fns `calls` ({name: fn}), each after each flush mode, all
     (name, flush) pairs in interleaved rounds."""
-    cases = {f"{name} flush={mode}" if len(flush_modes) > 1 else name: (fn, flusher(mode))
+    cases = {f"{name} flush={mode}" if len(flush_modes) > 1 else name: (fn, mode)
              for name, fn in calls.items() for mode in flush_modes}
-    per_round = {name: bench._calls_per_round(flushed_round_ms(fn, 3, flush)) for name, (fn, flush) in cases.items()}
+    per_round = {name: bench._calls_per_round(round_ms(fn, 3, flush)) for name, (fn, flush) in cases.items()}
     times = {name: [] for name in cases}
     names = list(cases)
     for r in range(ROUNDS):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn, flush = cases[name]
-            times[name].append(flushed_round_ms(fn, per_round[name], flush))
+            times[name].append(round_ms(fn, per_round[name], flush))
     out = {}
     for name, ts in times.items():
         ms = statistics.median(ts)

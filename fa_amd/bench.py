@@ -544,14 +544,17 @@ _L2_FLUSH = []  # one 256 MB buffer that every timed call's L2 flush goes throug
 # L2 flushes before a timed call: "zero" zeroes the buffer (triton.testing.do_bench's method; it leaves
 # up to an L2 of dirty lines, whose write-back the timed call then pays: ~50 MB, ~16 us at the H100's
 # ~3 TB/s, charged to bandwidth-bound decode rows, .ci/decode_ab.py stage "flush"); "read" sums it
-# (L2 left holding clean lines: the inputs still come from HBM, and nothing is written back)
-L2_FLUSHES = ("zero", "read")
+# (L2 left holding clean lines: the inputs still come from HBM, and nothing is written back); "none"
+# leaves L2 as the previous call left it (for comparison, in .ci/decode_ab.py)
+L2_FLUSHES = ("zero", "read", "none")
 
 
 def l2_flush(mode: str = "zero"):
     """fn() that flushes the L2 by `mode` (L2_FLUSHES)."""
     if mode not in L2_FLUSHES:
         raise ValueError(f"unknown L2 flush {mode!r}; pick from {L2_FLUSHES}")
+    if mode == "none":
+        return lambda: None
     if not _L2_FLUSH:
         _L2_FLUSH.append(torch.zeros(64 * 2**20, dtype=torch.float32, device="cuda"))
     return _L2_FLUSH[0].zero_ if mode == "zero" else _L2_FLUSH[0].sum

@@ -24,7 +24,7 @@ from torch import Tensor
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
                         _check_tensor, _normalize_scalars)
-from .kernels.decode import decode_forward, kv_append, run_planned
+from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
 from .tuning import get_decode_config, tables
@@ -443,8 +443,8 @@ def _decode_plan_key(plain_key):
 def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse,
                 capacity, scale, left, right, softcap, window_size):
     """flash_attn_with_kvcache's plain call whose structure was checked before (see _CHECKED_PLAIN_CALLS):
-    only the device values are checked (where that costs no sync), then the kernels run -- straight
-    from the call's launch plan once there is one."""
+    only the device values are checked (where that costs no sync), then the kernels run -- from the
+    launch plan stored under the call's checked key once there is one."""
     cache_seqlens_int = None
     if isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
@@ -453,15 +453,11 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache, q.shape[0])
-    q = _contiguous_last(q)
-    plan_key = _decode_plan_key(plain_key)
-    hit = run_planned(plan_key, q, k_cache, v_cache, cache_seqlens, block_table)
-    if hit is None:
-        hit = decode_attention(q, k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
-                               cache_seqlens_int=cache_seqlens_int, block_table=block_table,
-                               rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits,
-                               plan_key=plan_key)
-    out, lse = hit
+    out, lse = decode_attention(
+        _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
+        cache_seqlens_int=cache_seqlens_int, block_table=block_table,
+        rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits,
+        plan_key=_decode_plan_key(plain_key))
     return (out, lse) if return_softmax_lse else out
 
 

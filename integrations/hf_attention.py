@@ -49,10 +49,6 @@ HARMLESS_KWARGS = frozenset(
         "seq_idx",
         "layer_idx",
         "logits_to_keep",
-        # continuous batching's per-batch inputs of the sampling step (transformers 5.24): which positions get
-        # logits, and the per-request arguments of its logits processors
-        "logits_indices",
-        "logits_processor_args",
     }
 )
 

@@ -749,15 +749,6 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
     return out, lse
 
 
-def run_planned(plan_key, q, k_cache, v_cache, cache_seqlens=None, block_table=None):
-    """(out, lse) of a plain call (no index tensors but cache_seqlens / block_table, no mask, sinks or
-    FP8) whose plan decode_forward stored under the caller's `plan_key`, or None (no such plan yet)."""
-    plan = _PLANS.get(plan_key)
-    if plan is None:
-        return None
-    return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, None)
-
-
 def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                    cu_seqlens_q=None, max_seqlen_q=None, cache_seqlens=None, cache_seqlens_int=None, seqlen_new=0,
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,

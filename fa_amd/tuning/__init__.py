@@ -218,6 +218,12 @@ def _decode_family(arch: Arch) -> str:
     return family if family in tables.DECODE_TABLES else ("gfx90a" if arch.backend == "hip" else "sm80")
 
 
+def _decode_row(arch: Arch, head_dim_padded: int) -> Dict:
+    """The tables.DECODE_TABLES row a padded head dim resolves to on this arch."""
+    rows = tables.DECODE_TABLES[_decode_family(arch)]
+    return next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+
+
 def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False,
                       fp8: bool = False) -> Dict[str, Dict]:
     """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
@@ -229,8 +235,7 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
     hit = _DECODE_RESOLVED.get(key)
     if hit is not None:
         return hit
-    rows = tables.DECODE_TABLES[_decode_family(arch)]
-    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    row = _decode_row(arch, head_dim_padded)
     out = {}
     for kernel in DECODE_KERNELS:
         entry = row[kernel]
@@ -275,9 +280,7 @@ def get_decode_split_policy(arch: Arch, d_pad: int = 0, table_tile: bool = True)
     policy = tables.DECODE_SPLITS.get(family_of(arch), tables.DECODE_SPLITS["default"])
     flat = {k: v for k, v in policy.items() if k != "head_dims"}
     if table_tile and d_pad and policy.get("head_dims"):
-        rows = tables.DECODE_TABLES[_decode_family(arch)]
-        row = next((r for r in rows if r["head_dim"] >= d_pad), rows[-1])
-        flat.update(policy["head_dims"].get(row["head_dim"], {}))
+        flat.update(policy["head_dims"].get(_decode_row(arch, d_pad)["head_dim"], {}))
     return flat
 
 
