@@ -258,6 +258,35 @@ def test_split_heuristic_fills_the_gpu_and_respects_limits():
     assert decode.decode_num_splits(4, 10, 1, policy) == 1  # the interpreter (one SM): CPU tests split on request
 
 
+def test_split_rule_head_dim_overrides_apply_to_the_rows_own_tile(monkeypatch):
+    """A family's DECODE_SPLITS "head_dims" overrides apply to the table row a padded head dim resolves to,
+    and only when the launch runs that row's own tile (not its wide / fp32 / FP8-cache variants)."""
+    from fa_amd.arch import Arch
+    from fa_amd.tuning import get_decode_split_policy, tables
+
+    base = dict(programs_per_sm=2, full_fraction=0.8, efficiency=0.85, max_splits=128, min_blocks_per_split=2)
+    monkeypatch.setitem(tables.DECODE_SPLITS, "sm90", dict(base, head_dims={128: dict(programs_per_sm=0.5)}))
+    sm90 = Arch("cuda", "sm90", 32)
+    assert get_decode_split_policy(sm90, 128)["programs_per_sm"] == 0.5
+    assert get_decode_split_policy(sm90, 96)["programs_per_sm"] == 0.5  # (96 resolves to the d128 row)
+    assert get_decode_split_policy(sm90, 64) == base
+    assert get_decode_split_policy(sm90, 128, table_tile=False) == base
+    assert "head_dims" not in get_decode_split_policy(sm90, 256)
+    assert get_decode_split_policy(Arch("hip", "gfx942", 64), 128) == tables.DECODE_SPLITS["default"]
+    # the sm90 rule as tabled: batch 1 / 8 over 8 KV heads at d128 (128-key tiles, 132 SMs)
+    monkeypatch.undo()
+    d128 = get_decode_split_policy(sm90, 128)
+    assert [decode.decode_num_splits(b * 8, 32768 // 128, 132, d128) for b in (1, 8, 64)] == [8, 1, 1]
+
+
+def test_l2_flush_modes():
+    from fa_amd import bench
+
+    assert bench.l2_flush("none")() is None
+    with pytest.raises(ValueError, match="unknown L2 flush 'bogus'"):
+        bench.l2_flush("bogus")
+
+
 def test_decode_tables_cover_every_family():
     from fa_amd.arch import Arch
     from fa_amd.tuning import get_decode_config, tables
