@@ -14,13 +14,13 @@ overrides applied in-process before each of its timings (no code edits between c
                        d128 forward with that tile as its "fp8" override (tables.TABLES); "table" = as shipped
   fp8 v-copy           table tile, V in the usual (batch, seqlen, heads, d) layout: token-major copy per call
                        (fa_amd.fp8.token_major_copy, the quantiser's cast kernel run unscaled)
-  fp8 v-copy-torch     the same with the old torch copy (token_major_empty(..).copy_(v))
+  fp8 v-copy-torch     the same with the old torch copy (token_major_empty(..).copy_(v)); OLD=1 only
   fp8 v-hdm            table tile, V read head-dim-major by the kernel (tables.FP8_V_TOKEN_MAJOR = ()): no
                        copy; Triton transposes V tiles in shared memory
   fp8_func             fa_amd.flash_attn_fp8_func end to end (bf16 in, quantised inside by the Triton passes of
                        kernels/quantize.py, V written token-major, FP8 forward with the table tile)
-  fp8_func old-quant   the same with the old torch quantiser (the chain of torch ops it replaced)
-  quant / quant-old    the quantisation of q, k, v alone (new Triton passes / old torch ops)
+  fp8_func old-quant   the same with the old torch quantiser (the chain of torch ops it replaced); OLD=1 only
+  quant / quant-old    the quantisation of q, k, v alone (new Triton passes / old torch ops, OLD=1 only)
   [graph] ...          bf16, fp8 table and fp8_func replayed from a CUDA graph: no host time; if eager is much
                        slower than graph, the call's host (Python) time is what limits it
 After the rounds, "fp8_func best" repeats fp8_func with the fastest fp8 tile of that row.
@@ -71,8 +71,10 @@ if SMOKE:
 # other's wgmma.  FP8 halves the tiles' shared memory: 64x128/w4/s3 (241 regs, 104 KB) fits two
 # independent CTAs per SM, 64x128/w4/s2 (72 KB) too; 64x64/w4 (157-202 regs, 56 KB) fits two, or three
 # with maxnreg 168 (161 regs, no spill).  128-key tiles halve the per-block overhead against 64.
-FULL_TILES = [None, (64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 4)]
-CAUSAL_TILES = [None, (64, 64, 4, 3, 168), (64, 64, 4, 2, 168), (64, 128, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]
+# (128-row tiles in one warpgroup, 128x64/w4/s3 and 128x128/w4/s2, compile spill-free at 255 regs and
+# ran 0-8 % slower, 2026-11-24: docs/TUNING_NOTES.md v19.)
+FULL_TILES = [None, (64, 128, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]
+CAUSAL_TILES = [None, (64, 64, 4, 3), (64, 64, 4, 3, 168), (128, 64, 4, 3), (64, 128, 4, 2)]
 
 FAMILY = "cpu" if SMOKE else "sm90"
 SM90 = tables.TABLES[FAMILY]
@@ -140,10 +142,11 @@ def variants(shape, table_only=False):
     out += [(f"fp8 {tile_name(t)}", dict(tile=t), "fp8") for t in tiles]
     if table_only:
         return out + [("fp8_func", {}, "fp8_func")]
-    out += [("fp8 v-copy", {}, "fp8_vnat"), ("fp8 v-copy-torch", dict(torch_copy=True), "fp8_vnat"),
-            ("fp8 v-hdm", dict(token_major=False), "fp8_vnat"),
-            ("fp8_func", {}, "fp8_func"), ("fp8_func old-quant", dict(old_quant=True), "fp8_func"),
-            ("quant", {}, "quant"), ("quant-old", dict(old_quant=True), "quant")]
+    out += [("fp8 v-copy", {}, "fp8_vnat"), ("fp8 v-hdm", dict(token_major=False), "fp8_vnat"),
+            ("fp8_func", {}, "fp8_func"), ("quant", {}, "quant")]
+    if os.environ.get("OLD") == "1":  # the replaced torch code paths (history)
+        out += [("fp8 v-copy-torch", dict(torch_copy=True), "fp8_vnat"),
+                ("fp8_func old-quant", dict(old_quant=True), "fp8_func"), ("quant-old", dict(old_quant=True), "quant")]
     return out
 
 

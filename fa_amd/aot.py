@@ -266,8 +266,9 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
         return variant in ("",) + DECODE_VARIANTS[kernel]
     if variant in DECODE_ONLY_VARIANTS:
         return False
-    if kernel == "nan_flags_fp8":
-        return fp8_builds(target) and variant in ("", "causal", "all")
+    if kernel == "nan_flags_fp8":  # (the fix-up families mark V's NaNs inside the FP8 forward too)
+        return fp8_builds(target) and variant in ("", "causal", "all") and \
+            family not in tables.FWD_NAN_FIXUP_FAMILIES
     if kernel in FP8_KERNELS:
         return fp8_builds(target) and (variant in ("", "plain", "causal", "all")
                                        or (kernel == "fwd_fp8" and variant == "short" and _has_short(target, kernel,

@@ -193,7 +193,8 @@ LAUNCHES = {
 #   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
 #   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
 #   amax_fp8, cast_fp8  the quantising functions' two passes (kernels/quantize.py)
-#   nan_flags_fp8 the V NaN pass before a masked FP8 forward
+#   nan_flags_fp8 the V NaN pass before a masked FP8 forward, on families not in tables.FWD_NAN_FIXUP_FAMILIES
+#                 (none of the FP8 targets here: their FP8 forwards mark V's NaNs themselves, built as fwd_fp8)
 # Variants: "plain", "causal" and "all" of the decode launches below (the same problems, with an FP8
 # cache); the quantiser's: see _run_quantize_fp8.
 
@@ -251,7 +252,7 @@ def _run_quantize_fp8(p: Problem, relayout: bool = False):
 
 FP8_LAUNCHES = {
     "fwd_fp8": Launch("forward", "attn_fwd_kernel", _run_forward_fp8, table_kernel="fwd"),
-    # the FP8 forward's V NaN rule: the pass over its FP8 V (masked launches; no family's FP8 forward takes the fix-up)
+    # the FP8 forward's V NaN pass over its FP8 V (masked launches, families without the fix-up)
     "nan_flags_fp8": Launch("forward", "v_nan_flags_kernel", _run_forward_fp8),
     "decode_fp8": Launch("decode", "decode_kernel", _run_decode_fp8, table_kernel="decode"),
     "decode_fp8kv": Launch("decode", "decode_kernel", _run_decode_fp8, dict(q_fp8=False), table_kernel="decode"),

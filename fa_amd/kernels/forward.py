@@ -37,7 +37,7 @@ from .launch import (
     LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kernel_args, launch,
     lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
-    load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
+    is_nan, load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
 
 # At most this many programs per (sequence, KV head) in v_nan_flags_kernel (tables.V_NAN_FLAGS says how
@@ -309,9 +309,7 @@ def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_
         rows = n0 + offs_n
         v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
                     mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        if FP8:
-            v = v.to(tl.float32)
-        tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1, mask=v != v, sem="relaxed")
+        tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1, mask=is_nan(v), sem="relaxed")
 
 
 @triton.jit
@@ -362,15 +360,13 @@ def v_nan_flags_kernel(V, NanFlags, cu_seqlens_k, seqlen_k, total_k, stride_vb, 
 def _v_nan_columns(V_head, first, step, k_len, stride_vn, stride_vd, offs_n, offs_d,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
     """int8 [D_PAD]: 1 where V's key blocks first, first + step, ... (of k_len keys) hold a NaN in that
-    feature.  FP8 V is compared in fp32 and may be token-major (stride_vd)."""
+    feature.  FP8 V may be token-major (stride_vd)."""
     found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)  # (int8: a quarter of an int32 tile's registers)
     for n0 in range(first * BLOCK_N, k_len, step * BLOCK_N):
         rows = n0 + offs_n
         v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
                     mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        if FP8:
-            v = v.to(tl.float32)
-        found = tl.maximum(found, (v != v).to(tl.int8))
+        found = tl.maximum(found, is_nan(v).to(tl.int8))
     return tl.max(found, 0)
 
 
@@ -492,17 +488,19 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
     both); V may then also be token-major per head (v.stride(-3) == 1)."""
     plan_key = rows = arch = None
-    if not return_probs and sinks is None and descale is None and q.device.type != "cpu":
-        # the common call (no probs, sinks or FP8): replay the launches of an earlier call of this
-        # structure (kernels/launch.LaunchPlan; cut the host time of small calls, TUNING_NOTES v11)
+    if not return_probs and sinks is None and q.device.type != "cpu":
+        # the common call (no probs or sinks; FP8 too, its descales a tensor of the replay): replay the
+        # launches of an earlier call of this structure (kernels/launch.LaunchPlan; cut the host time of
+        # small calls, TUNING_NOTES v11)
         plan_key = ("plan", "fwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
+                    None if descale is None else (descale.shape, descale.stride()),
                     tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES,
                     tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
                     launch,
-                    alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
+                    alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, descale))
         arch = arch_for(q)
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -515,7 +513,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                 flags = (torch.zeros if flags_spec[2] else torch.empty)(flags_spec[0], device=q.device,
                                                                          dtype=flags_spec[1])
             if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-                                 alibi=alibi_slopes, rng=rng_state)):
+                                 alibi=alibi_slopes, rng=rng_state, descale=descale)):
                 return out, lse, q.new_empty((0,), dtype=out.dtype)
         if plan is None:
             plan_key = None
@@ -526,7 +524,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if plan_key is not None:
         # (no launch recorded: an empty problem, filled on the host; no plan either)
         launches = LaunchPlan.build(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
-                                                   cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state),
+                                                   cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state,
+                                                   descale=descale),
                                     arch.is_hip) if recorded else None
         flags_spec = None if nan_flags is None else (tuple(nan_flags.shape), nan_flags.dtype, nan_flags.dim() == 3)
         memo_put(plan_key, rows, None if launches is None else (launches, tuple(lse.shape), flags_spec))
@@ -570,8 +569,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     # by v_nan_fixup_kernel after it
     nan_fixup = nan_flags = None
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
-        # (not FP8: its forward keeps the pass; the marks are untried in the FP8 build)
-        nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES and not fp8
+        nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES
         if nan_fixup:
             # (d_pad: the kernel's D_ROW, both chunks of a split head dim)
             nan_flags = torch.zeros((batch, hk, d_pad), device=q.device, dtype=torch.int32)

@@ -199,6 +199,23 @@ def p_shift(m_shift, FP8: tl.constexpr):
 
 
 @triton.jit
+def is_nan(v):
+    """v != v, for FP8 read off the bits (Triton's interpreter converts FP8 NaNs to finite values; the
+    GPUs' conversions keep them): e4m3fn S.1111.111, e5m2 S.11111.xx with xx != 0, the fnuz types 0x80."""
+    if v.dtype.is_fp8():
+        bits = v.to(tl.uint8, bitcast=True)
+        if v.dtype == tl.float8e4nv:
+            nan = (bits & 0x7F) == 0x7F
+        elif v.dtype == tl.float8e5:
+            nan = (bits & 0x7F) > 0x7C
+        else:
+            nan = bits == 0x80
+    else:
+        nan = v != v
+    return nan
+
+
+@triton.jit
 def fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8: tl.constexpr):
     """[keys, head dim] pointers of a V tile.  With FP8, V may also be stored token-major per head
     (stride_vn == 1, which Triton specializes): the P.V dot's B operand is then K-major in memory,

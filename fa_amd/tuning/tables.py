@@ -84,7 +84,8 @@ BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # atomics on a flag word per (sequence, KV head)), which cost 20-25 % of the short causal forwards (v16).  H100, 5
 # interleaved rounds, causal forward TFLOP/s, fixup / scan / Flex (TUNING_NOTES v17): d64 b32 s512 173 / 157 /
 # 178, b16 s1024 255 / 237 / 253; d128 198 / 188 / 188, 277 / 267 / 262; d96 / d192 / d256 s1024 253 / 219,
-# 242 / 229, 251 / 239.  bf16 / fp16 / fp32 only: FP8 keeps the pass over V.
+# 242 / 229, 251 / 239.  FP8 forwards too since 2026-11-24 (FP8 V's NaNs read off the bits, score_mods.is_nan):
+# the pass was 20-25 us of a 0.5 ms b4 s4k h16 d128 causal FP8 call on the H100 (torch profiler), the fix-up 1.6.
 # AMD families: untimed there, but no acq_rel atomic is left (the reason they did not scan), it saves the pass's
 # launch over all of V, and it builds with zero scratch under triton 3.2-3.6 where the pass's forward spills
 # 68 B at d64 causal under 3.2 (gfx908 / gfx942 / gfx950; docs/AOT.md, "The V NaN fix-up on AMD").  sm80 keeps the
@@ -179,6 +180,9 @@ TABLES = {
                  # FP8 (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-23): 64x128/w4/s3 fastest on 3 of 4
                  # rows, e.g. s8k full 1.611 ms vs this entry's 128x128/w8 1.848 (bf16 2.138), s8k causal
                  # 1.069 vs 1.194; s4k causal tied with 64x64/w4/s3 (0.716)
+                 # Causal rows keep it too (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-24, V read in place and
+                 # its NaNs marked in the forward): b4 s4k / b2 s8k 0.440 / 0.759 ms vs 64x64/w4/s3 at maxnreg 168
+                 # 0.469 / 0.886, 128x64/w4/s3 0.490 / 0.894, 64x64/w4/s3 0.520 / 0.954 (bf16 0.657 / 1.220)
                  "fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},

@@ -31,7 +31,8 @@ import torch
 
 import fa_amd
 from fa_amd import fp8 as fp8_mod
-from fa_amd.arch import Arch
+from fa_amd.arch import Arch, arch_for
+from fa_amd import tuning
 from fa_amd.kernels import launch
 from fa_amd.reference import (attention_grads_from_stats, attention_ref, attention_varlen_ref, fp8_dequantize_ref,
                               fp8_quantize_ref)
@@ -172,6 +173,55 @@ def test_token_major_v_layout(device, monkeypatch):
     quantising = fa_amd.flash_attn_fp8_func(q, k, v, causal=True)  # quantised straight into the layout
     monkeypatch.setattr(tables, "FP8_V_TOKEN_MAJOR", ())
     assert torch.equal(quantising, fa_amd.flash_attn_fp8_func(q, k, v, causal=True))
+
+
+def test_token_major_v_is_read_in_place(device, monkeypatch):
+    """A V that is already token-major with rows exactly seqlen_k long (a transposed contiguous
+    (batch, nheads, d, seqlen) tensor) reaches the forward as it is: not made head-dim contiguous and
+    copied back (two copies per call, fixed 2026-11-24)."""
+    q, k, v = _fresh(2, 19, 4, 64, device=device), _fresh(2, 32, 2, 64, device=device), _fresh(2, 32, 2, 64,
+                                                                                               device=device)
+    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
+    natural = fa_amd.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+    monkeypatch.setattr(tables, "FP8_V_TOKEN_MAJOR", ("cpu",))
+    v_tm = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+    def no_copy(v):
+        raise AssertionError("token-major V was copied")
+    monkeypatch.setattr(fp8_mod, "token_major_copy", no_copy)
+    out = fa_amd.flash_attn_func(q8, k8, v_tm, q_descale=qd, k_descale=kd, v_descale=vd)
+    assert torch.equal(out, natural)
+
+
+@pytest.mark.parametrize("nan_mode", ["fixup", "pass"])
+@pytest.mark.parametrize("token_major", [False, True])
+@pytest.mark.parametrize("causal,window,varlen", [(True, (-1, -1), False), (False, (4, 2), False),
+                                                  (True, (-1, -1), True)])
+def test_nan_in_fp8_v_matches_reference(device, monkeypatch, nan_mode, token_major, causal, window, varlen):
+    """A NaN in FP8 V gives the reference's NaN pattern under masks that skip its block (masked
+    probabilities times a NaN value are NaN), found by the forward's marks and fix-up launch
+    (tables.FWD_NAN_FIXUP_FAMILIES; FP8 too since 2026-11-24) or by the pass before it, V read
+    head-dim-major or token-major."""
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
+    others = tuple(f for f in tables.FWD_NAN_FIXUP_FAMILIES if f != family)
+    monkeypatch.setattr(tables, "FWD_NAN_FIXUP_FAMILIES", others + ((family,) if nan_mode == "fixup" else ()))
+    if token_major:
+        monkeypatch.setattr(tables, "FP8_V_TOKEN_MAJOR", tables.FP8_V_TOKEN_MAJOR + ("cpu",))
+    torch.manual_seed(3)
+    q, k, v = _fresh(2, 40, 4, 32, device=device), _fresh(2, 40, 2, 32, device=device), _fresh(2, 40, 2, 32,
+                                                                                             device=device)
+    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
+    v8[1, 33, 1, 3] = float("nan")
+    descaled = dict(q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=torch.float32)
+    if varlen:  # the second sequence holds the NaN: only its rows of KV head 1 see it
+        cu = cu_seqlens([40, 40], device)
+        out = fa_amd.flash_attn_varlen_func(q8.flatten(0, 1), k8.flatten(0, 1), v8.flatten(0, 1), cu, cu, 40, 40,
+                                            causal=causal, window_size=window, **descaled).unflatten(0, (2, 40))
+    else:
+        out = fa_amd.flash_attn_func(q8, k8, v8, causal=causal, window_size=window, **descaled)
+    ref, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), causal=causal, window_size=window)
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert ref.isnan().any() and not ref.isnan().all()
 
 
 # --------------------------------------------------------------------------- quantising functions

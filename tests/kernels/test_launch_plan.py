@@ -254,3 +254,40 @@ def test_a_plan_recorded_with_aliased_inputs_is_not_replayed_for_distinct_ones()
     got = fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu_k, 50, 50)  # the same key but for the aliasing
     _fresh_plans()
     assert torch.equal(got, fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu_k, 50, 50))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_planned_fp8_calls_equal_jit_calls(causal, monkeypatch):
+    """FP8 forwards plan too (their descales a replayed tensor): the second call, on fresh FP8 data with
+    other descales, equals the JIT path's bit for bit; V token-major where the family reads it so."""
+    import fa_amd
+    from fa_amd import fp8
+    from fa_amd.kernels import launch as launch_mod
+    from fa_amd.tuning import _RESOLVED
+
+    if not fp8.fp8_dtypes(torch.empty(0, device="cuda")):
+        pytest.skip("this GPU has no FP8 dot product")
+    monkeypatch.setattr(launch_mod, "POISON_OUTPUTS", True)
+    dtype = fp8.fp8_dtypes(torch.empty(0, device="cuda"))[0]
+
+    def inputs(seed):
+        torch.manual_seed(seed)
+        q, k, v = (torch.randn(2, 203, h, 128, device="cuda") for h in (8, 2, 2))
+        q8, qd = fp8.quantize_fp8(q.reshape(2, 203, 2, 4 * 128), dtype)
+        k8, kd = fp8.quantize_fp8(k, dtype)
+        v8, vd = fp8.quantize_fp8(v, dtype)
+        return q8.reshape(q.shape), k8, v8, dict(q_descale=qd * (1 + seed), k_descale=kd, v_descale=vd)
+
+    def run(q8, k8, v8, descales):
+        return fa_amd.flash_attn_func(q8, k8, v8, causal=causal, **descales)
+
+    _fresh_plans()
+    run(*inputs(0))
+    assert any(key and key[0] == "plan" and key[1] == "fwd" for key in _RESOLVED)
+    data = inputs(1)
+    planned = run(*data)
+    _fresh_plans()
+    jit = run(*data)
+    assert not planned.isnan().any() and torch.equal(planned, jit)
+    assert not torch.equal(planned, run(*inputs(0)))  # (other descales, other data: not a stale replay)
