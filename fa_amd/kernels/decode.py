@@ -776,13 +776,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     of the stream's cached buffer (the custom op under torch.compile: a buffer first made inside
     cudagraph trees' warm-up would live in their memory pool, which they refuse).
     """
-    if plan_key is not None:
-        plan = _PLANS.get(plan_key)
-        if plan is not None:
-            return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-                             key_mask, sinks, descale, own_counters)
-    elif (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None and cu_seqlens_k is None
-            and seqused_k is None):
+    if plan_key is None and (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None
+                             and cu_seqlens_k is None and seqused_k is None):
         plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
                     v_cache.stride(), k_cache.dtype,
                     None if block_table is None else (block_table.shape, block_table.stride()),
@@ -790,6 +785,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                     cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
                     cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
                     window_right, softcap, num_splits, tables.DECODE_FUSED_MERGE_FAMILIES)
+    if plan_key is not None:
         plan = _PLANS.get(plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,

@@ -300,6 +300,15 @@ def _v_nan_flagged(flag_head, nan_splits, cols, D_ROW: tl.constexpr, WIDTH: tl.c
 
 
 @triton.jit
+def _v_nan_tile(V_head, rows, k_len, stride_vn, stride_vd, offs_d, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+    """bool [rows, offs_d]: where V's rows (of k_len keys) hold a NaN; the one read of V behind both
+    forms of the V NaN rule (_v_nan_mark in the forward, _v_nan_columns in the pass before it)."""
+    v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
+                mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    return is_nan(v)
+
+
+@triton.jit
 def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d,
                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
     """flags[d] |= 1 for every feature d in which V's key blocks share, share + shares, ... hold a NaN: a
@@ -307,9 +316,9 @@ def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_
     (Not _v_nan_columns, which walks the blocks alike: its column reduction costs barriers in every program.)"""
     for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
         rows = n0 + offs_n
-        v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
-                    mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1, mask=is_nan(v), sem="relaxed")
+        tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1,
+                     mask=_v_nan_tile(V_head, rows, k_len, stride_vn, stride_vd, offs_d, HEAD_DIM, FP8),
+                     sem="relaxed")
 
 
 @triton.jit
@@ -363,10 +372,8 @@ def _v_nan_columns(V_head, first, step, k_len, stride_vn, stride_vd, offs_n, off
     feature.  FP8 V may be token-major (stride_vd)."""
     found = tl.zeros([BLOCK_N, D_PAD], dtype=tl.int8)  # (int8: a quarter of an int32 tile's registers)
     for n0 in range(first * BLOCK_N, k_len, step * BLOCK_N):
-        rows = n0 + offs_n
-        v = tl.load(fp8_v_ptrs(V_head, rows, offs_d, stride_vn, stride_vd, FP8),
-                    mask=(rows[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        found = tl.maximum(found, is_nan(v).to(tl.int8))
+        found = tl.maximum(found, _v_nan_tile(V_head, n0 + offs_n, k_len, stride_vn, stride_vd, offs_d, HEAD_DIM,
+                                              FP8).to(tl.int8))
     return tl.max(found, 0)
 
 

@@ -533,16 +533,16 @@ DECODE_FP8 = {
 # `min_blocks_per_split` key blocks (the merge reads every split's partial output back).  A family's
 # "head_dims" maps a table row's head dim to overrides of its rule (the tile decides how many bytes one
 # program keeps in flight, and so how many programs it takes to read at HBM speed).
+_DEFAULT_SPLITS = {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
+                   "min_blocks_per_split": 2}
 DECODE_SPLITS = {
-    "default": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
-                "min_blocks_per_split": 2},
+    "default": _DEFAULT_SPLITS,
     # H100 (.ci/decode_ab.py stage "kernel", graph replays, 2026-11-24): with d128's 16x128/w4/s3 tile about
     # 64 programs already read at HBM speed (one pulls ~45 GB/s); more splits only add partials to merge:
     # batch 1 best at 8 splits (64 programs) at every cache length, batch 8 unsplit.  d64 and d256 (32 KB
     # per stage) want about one program per SM: batch 1 best at 16 splits (d256 b1 32k: 2640 GB/s vs 2372
     # at the default rule's 29), batch 8 at 2 (d256 b8 8k: 2898 vs 2856 at 4; d64: 2461 vs 2393)
-    "sm90": {"programs_per_sm": 2, "full_fraction": 0.8, "efficiency": 0.85, "max_splits": 128,
-             "min_blocks_per_split": 2,
+    "sm90": {**_DEFAULT_SPLITS,
              "head_dims": {64: {"programs_per_sm": 1, "efficiency": 0.95},
                            128: {"programs_per_sm": 0.5, "efficiency": 0.95},
                            256: {"programs_per_sm": 1, "efficiency": 0.95}}},
