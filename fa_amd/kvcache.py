@@ -90,10 +90,11 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
                      cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                      key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                      rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None,
-                     plan_key=None):
+                     plan_key=None, need_lse=True):
     """(out, lse) of the decode kernel on already-checked arguments: the custom op while
     torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward;
-    `plan_key`: the key its launch plan is memoized under, for a plain call of flash_attn_with_kvcache)."""
+    `plan_key`: the key its launch plan is memoized under, for a plain call of flash_attn_with_kvcache;
+    `need_lse` False: the caller drops the lse, which the eager path then returns as None)."""
     if torch.compiler.is_compiling():
         fp8 = (descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
         return _decode_op(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
@@ -103,7 +104,8 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
     return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
-                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype, plan_key)
+                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype, plan_key,
+                          need_lse=need_lse)
 
 
 def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,
@@ -120,7 +122,7 @@ def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, win
         append(k, v, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, False)
     out, _ = decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap,
                               cache_seqlens=cache_seqlens, seqlen_new=0 if k is None else k.shape[1],
-                              block_table=block_table, sinks=sinks)
+                              block_table=block_table, sinks=sinks, need_lse=False)
     return out
 
 
@@ -409,7 +411,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks, descale=descale,
-        out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None)
+        out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None,
+        need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -457,7 +460,7 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
         _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
         cache_seqlens_int=cache_seqlens_int, block_table=block_table,
         rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits,
-        plan_key=_decode_plan_key(plain_key))
+        plan_key=_decode_plan_key(plain_key), need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -581,5 +584,5 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                                 seqused_k=seqused_k, block_table=block_table, sinks=sinks, descale=descale,
-                                out_dtype=out_dtype)
+                                out_dtype=out_dtype, need_lse=False)
     return out

@@ -84,7 +84,8 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def _kernels():
-    # Imported lazily: fa_amd imports this package while it is itself importing.
+    # Imported lazily: fa_amd imports this package while it is itself importing.  (Called only on the
+    # routes that use them: an import statement costs a few us of host time, and decode is host-bound.)
     from fa_amd import flash_attn_func, flash_attn_varlen_func
 
     return flash_attn_func, flash_attn_varlen_func
@@ -321,7 +322,7 @@ def fa_amd_attention_forward(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
             raise ValueError(f"{name} must be a 4D (batch, heads, seq, head_dim) tensor, got {getattr(t, 'shape', t)}")
-        if any(dim == 0 for dim in t.shape):
+        if 0 in t.shape:
             raise ValueError(f"{name} has a zero-sized dimension {tuple(t.shape)}; fa_amd needs non-empty inputs")
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
         raise ValueError(
@@ -329,8 +330,6 @@ def fa_amd_attention_forward(
             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}. A 4D mask means the model was "
             "given a custom mask or the 'fa_amd' mask function is not registered (call fa_amd.integrations.register())."
         )
-
-    flash_attn_func, flash_attn_varlen_func = _kernels()
 
     batch_size, _, query_length, head_dim = query.shape
     # flash layout: (b, s, h, d)
@@ -366,7 +365,9 @@ def fa_amd_attention_forward(
 
     if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k):
         out = _decode_attention(query, key, value, attention_mask, common)
-    elif attention_mask is not None:
+        return (out if v_head_dim == head_dim else out[..., :v_head_dim]), None
+    flash_attn_func, flash_attn_varlen_func = _kernels()
+    if attention_mask is not None:
         out = _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask, common)
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
         if any(x is None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
@@ -477,7 +478,7 @@ def _decode_attention(query, key, value, attention_mask, common):
     sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
     out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
                               right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
-                              sinks=sinks)
+                              sinks=sinks, need_lse=False)
     return out
 
 
@@ -614,6 +615,13 @@ def fa_amd_attention_mask(
             return None
         if not isinstance(filled, torch.Tensor) and kv_offset + kv_length <= filled:
             return None  # every slot filled: the dense path
+    if (attention_mask is not None and not isinstance(filled, torch.Tensor) and kv_offset == 0
+            and attention_mask.shape[-1] == kv_length and (not building_causal or filled >= kv_length)):
+        # the padding mask covers exactly these keys and every slot is filled (generate() with a dynamic
+        # cache, every step): it is the keep-mask itself -- one op instead of a gather and three compares
+        if not torch.compiler.is_compiling() and bool(attention_mask.all()):
+            return None
+        return attention_mask.to(torch.bool)
     device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
     if isinstance(filled, torch.Tensor):
         device = filled.device if attention_mask is None else device

@@ -390,6 +390,10 @@ def test_mask_function_never_builds_4d_masks():
     assert fa_amd_attention_mask(2, 1, 8, q_offset=9, kv_offset=2, attention_mask=mask).shape == (2, 8)
     # dynamic cache without padding: no mask
     assert fa_amd_attention_mask(2, 1, 10, q_offset=9) is None
+    # dynamic cache, a decode step with a left-padded (int) generate() mask: the mask itself, as bool
+    step = fa_amd_attention_mask(2, 1, 10, q_offset=9, attention_mask=mask.long())
+    assert step.dtype == torch.bool and torch.equal(step, mask)
+    assert fa_amd_attention_mask(2, 1, 10, q_offset=9, attention_mask=torch.ones(2, 10, dtype=torch.long)) is None
     # static cache without padding: the whole buffer, its unfilled tail marked as padding (static shape)
     static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
     assert static.shape == (2, 32) and static[:, :6].all() and not static[:, 6:].any()

@@ -43,7 +43,8 @@ from triton.compiler import CompiledKernel
 from ..arch import arch_for, num_sms
 from ..tuning import family_of, get_decode_config, get_decode_split_policy, tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
-from .launch import CompiledLaunch, cdiv, head_dim_padded, launch, new_output, score_args
+from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, launch, new_output, \
+    score_args
 from .rotary import rotary_forward
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, score_log2, sink_init
 
@@ -621,9 +622,7 @@ def _counters_for(q, n: int, stream, own: bool) -> torch.Tensor:
 def _current_stream(q):
     """The raw handle of the stream a launch goes to (the current device's current stream, as Triton's
     launcher looks it up), once per decode call: the counters' key and the replayed launches share it."""
-    if q.device.type != "cuda":
-        return None
-    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device())
+    return current_stream() if q.device.type == "cuda" else None
 
 
 def _split_counters(q, n: int, stream=None) -> torch.Tensor:
@@ -682,6 +681,7 @@ class _DecodePlan(NamedTuple):
     merge_kwargs: dict
     counters: int  # split counters the fused merge needs (_split_counters); 0: a merge launch, or no split
     replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
+    scratch: dict  # stream -> the plan's scratch buffers on it (_plan_buffers)
 
 
 # call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
@@ -723,15 +723,100 @@ def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, 
                                             arch_for(tensors[0]).is_hip, fixed)
 
 
-def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-              key_mask, sinks, descale, own_counters=False):
-    out = new_output(q, plan.out_shape, plan.out_dtype)
+class _Resizable(NamedTuple):
+    """A dense-cache plan and what its split count came from: a call that differs from it only in the
+    cache's capacity (and the strides and per-key mask width that follow it) replays it with those ints
+    changed, as long as the split rule gives the same count (_resized_plan)."""
+    plan: _DecodePlan
+    policy: dict  # the split rule's parameters (get_decode_split_policy)
+    programs: int  # programs per split the rule counted
+    block_n: int  # the table tile's key block the rule counted key blocks in
+
+
+# capacity-free structure (+ the sized ints' specialisation, the window flag) -> _Resizable.  Transformers'
+# dynamic cache hands over one more key every step: without this, the first layer of each step built a
+# plan through the JIT (launch + binding, ~100-200 us of host time) and the second replayed it through the
+# JIT once more to make its CompiledLaunch.
+_RESIZABLE = {}
+
+
+def _sized_ints(k_cache, v_cache, key_mask, whole_cache: bool):
+    """The decode kernel's int arguments that follow a dense cache's capacity, by parameter name
+    (whole_cache: no cache_seqlens tensor or int, every key of the cache is attended)."""
+    capacity = k_cache.shape[1]
+    sized = dict(capacity=capacity, stride_kb=k_cache.stride(0), stride_kn=k_cache.stride(1),
+                 stride_kh=k_cache.stride(2), stride_vb=v_cache.stride(0), stride_vn=v_cache.stride(1),
+                 stride_vh=v_cache.stride(2))
+    if whole_cache:  # (decode_forward passes the capacity as cache_seqlens_int)
+        sized["cache_seqlens_int"] = capacity
+    if key_mask is not None:
+        sized["stride_kmb"] = key_mask.stride(0)
+    return sized
+
+
+def _resizable_key(structure, sized, window_left):
+    # the same Triton specialisation of every sized int, and the same left-window flag (score_args:
+    # a window narrower than the cache switches HAS_LEFT on), guarantee the same compiled kernel
+    return structure, tuple(int_specialization(v) for v in sized.values()), 0 <= window_left < sized["capacity"] - 1
+
+
+def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_left, num_splits, plan_key):
+    """The plan of a dense-cache call whose capacity differs from a planned one's, or None (_Resizable)."""
+    sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
+    entry = _RESIZABLE.get(_resizable_key(structure, sized, window_left))
+    if entry is None:
+        return None
+    plan = entry.plan
+    splits = decode_num_splits(entry.programs, cdiv(sized["capacity"], entry.block_n), _sms(q), entry.policy,
+                               num_splits)
+    if splits != plan.grid[1]:
+        return None
+    names = decode_kernel.arg_names[decode_kernel.arg_names.index("seqlen_q"):]  # (plan.ints' names)
+    ints = tuple(sized.get(name, value) for name, value in zip(names, plan.ints))
+    replays = dict(plan.replays)
+    if "decode" in replays:
+        replays["decode"] = replays["decode"].patched(sized)
+    plan = plan._replace(ints=ints, replays=replays)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[plan_key] = plan
+    return plan
+
+
+def _new_buffers(plan: _DecodePlan, q):
+    """(lse, out_part, lse_part) of a plan's launch, freshly allocated; without split the partial
+    buffers are the lse (stand-ins the kernel does not touch)."""
     lse = new_output(q, plan.lse_shape, torch.float32)
-    if plan.part_shapes is not None:
-        out_part = torch.empty(plan.part_shapes[0], dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(plan.part_shapes[1], dtype=torch.float32, device=q.device)
-    else:
-        out_part = lse_part = lse
+    if plan.part_shapes is None:
+        return lse, lse, lse
+    return (lse, torch.empty(plan.part_shapes[0], dtype=torch.float32, device=q.device),
+            torch.empty(plan.part_shapes[1], dtype=torch.float32, device=q.device))
+
+
+def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
+    """(lse, out_part, lse_part) of a plan's launch.  The split partials -- and the lse, when the caller
+    does not read it (Transformers' route, flash_attn_with_kvcache without return_softmax_lse) -- are
+    scratch that the launch writes before it reads them, so a plan keeps one set per stream and reuses
+    it call after call: a CUDA allocation costs ~7 us of host time on the H100's host, as much as a
+    tenth of a decode call (.ci/decode_pieces.py).  Launches on one stream run in order, so reuse is
+    safe there (a CPU call's "stream" is None); graphs follow the split counters' rules
+    (_split_counters).  `fresh` (the custom op under torch.compile) or graph capture: new buffers."""
+    if fresh or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _new_buffers(plan, q)
+    kept = plan.scratch.get(stream)
+    if kept is None:
+        kept = plan.scratch[stream] = _new_buffers(plan, q)
+    if not need_lse:
+        return kept
+    lse = new_output(q, plan.lse_shape, torch.float32)
+    return (lse, lse, lse) if plan.part_shapes is None else (lse, kept[1], kept[2])
+
+
+def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
+              key_mask, sinks, descale, own_counters=False, need_lse=True):
+    stream = _current_stream(q)
+    out = new_output(q, plan.out_shape, plan.out_dtype)
+    lse, out_part, lse_part = _plan_buffers(plan, q, stream, need_lse, own_counters)
     tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, None, cache_seqlens, None, None,
                               cache_leftpad, cache_batch_idx, block_table, key_mask, None, None, None)
     extra = {}
@@ -739,14 +824,13 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
         extra["Sinks"] = sinks
     if descale is not None:
         extra["Descale"] = descale
-    stream = _current_stream(q)
     if plan.counters:
         extra["SplitCounters"] = _counters_for(q, plan.counters, stream, own_counters)
     _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra, stream)
     if plan.part_shapes is not None and not plan.counters:
         _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
                          plan.merge_ints, plan.merge_kwargs, {"Sinks": sinks} if sinks is not None else {}, stream)
-    return out, lse
+    return out, (lse if need_lse else None)
 
 
 def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
@@ -754,7 +838,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                    rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None, plan_key=None,
-                   own_counters=False):
+                   own_counters=False, need_lse=True):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -774,22 +858,32 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     must determine everything this function's own key holds (fa_amd.kvcache's plain calls).
     `own_counters`: a split call with the fused merge takes freshly zeroed counters of its own instead
     of the stream's cached buffer (the custom op under torch.compile: a buffer first made inside
-    cudagraph trees' warm-up would live in their memory pool, which they refuse).
+    cudagraph trees' warm-up would live in their memory pool, which they refuse); it also takes fresh scratch
+    buffers (_plan_buffers).  `need_lse` False: the caller does not read the lse, which may then be scratch;
+    None is returned for it.
     """
+    structure = None  # this function's own key's capacity-free part, for a dense cache (_RESIZABLE)
+    whole_cache = cache_seqlens is None and cache_seqlens_int is None
     if plan_key is None and (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None
                              and cu_seqlens_k is None and seqused_k is None):
-        plan_key = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape, k_cache.stride(),
-                    v_cache.stride(), k_cache.dtype,
-                    None if block_table is None else (block_table.shape, block_table.stride()),
-                    None if key_mask is None else (key_mask.shape, key_mask.stride(), key_mask.dtype),
-                    cache_seqlens is None, cache_seqlens_int, seqlen_new, cache_leftpad is None,
-                    cache_batch_idx is None, sinks is None, descale is None, out_dtype, softmax_scale, window_left,
-                    window_right, softcap, num_splits, tables.DECODE_FUSED_MERGE_FAMILIES)
+        structure = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape[0], k_cache.shape[2:],
+                     k_cache.dtype, None if block_table is None else (block_table.shape, block_table.stride()),
+                     None if key_mask is None else key_mask.dtype, cache_seqlens is None, cache_seqlens_int,
+                     seqlen_new, cache_leftpad is None, cache_batch_idx is None, sinks is None, descale is None,
+                     out_dtype, softmax_scale, window_left, window_right, softcap, num_splits,
+                     tables.DECODE_FUSED_MERGE_FAMILIES)
+        plan_key = (structure, k_cache.shape[1], k_cache.stride(), v_cache.stride(),
+                    None if key_mask is None else (key_mask.shape, key_mask.stride()))
+        if block_table is not None:
+            structure = None  # a paged call's capacity is its block table's (in the key)
     if plan_key is not None:
         plan = _PLANS.get(plan_key)
+        if plan is None and structure is not None:
+            plan = _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_left, num_splits,
+                                 plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
-                             key_mask, sinks, descale, own_counters)
+                             key_mask, sinks, descale, own_counters, need_lse)
     q_varlen = cu_seqlens_q is not None
     if q_varlen:
         total_q, hq, d = q.shape
@@ -805,7 +899,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, total_q) if q_varlen else (batch, hq, seqlen_q), torch.float32)
     if batch == 0 or seqlen_q == 0 or total_q == 0:
-        return out, lse
+        return out, (lse if need_lse else None)
     if paged:
         page_size = k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
@@ -906,8 +1000,15 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale", "SplitCounters")}
         launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],
                              **{k_: v_ for k_, v_ in fitted.items() if k_ not in ("BLOCK_M", "BLOCK_N")})
-        _PLANS[plan_key] = _DecodePlan(
+        plan = _PLANS[plan_key] = _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {})
-    return out, lse
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {},
+            {})
+        if structure is not None:
+            sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
+            if len(_RESIZABLE) >= _MAX_PLANS:
+                _RESIZABLE.clear()
+            _RESIZABLE[_resizable_key(structure, sized, window_left)] = _Resizable(
+                plan, policy, batch * hk * n_m_tiles, cfg["BLOCK_N"])
+    return out, (lse if need_lse else None)

@@ -6,6 +6,7 @@ import threading
 import warnings
 
 import torch
+import triton
 from triton.compiler import CompiledKernel
 from triton.runtime.errors import OutOfResources
 
@@ -208,8 +209,9 @@ class LaunchPlan:
         calls = [(launch, [env[name] for name in slots]) for launch, slots in self.launches]
         if not all(launch.fits(tensors) for launch, tensors in calls):
             return False
+        stream = current_stream()  # once for all the launches (the runner looks it up per launch)
         for launch, tensors in calls:
-            launch.launch(tensors)
+            launch.launch(tensors, stream)
         return True
 
 
@@ -238,6 +240,36 @@ def alias_pattern(*tensors):
     return tuple(ids.index(i) for i in ids)
 
 
+def current_stream():
+    """The raw handle of the current device's current stream, looked up as Triton's runner does."""
+    active = triton.runtime.driver.active
+    return active.get_current_stream(active.get_current_device())
+
+
+def _hooks_home(where: str):
+    """The object whose launch_enter_hook / launch_exit_hook Triton's runner passes to the launcher
+    (tables.COMPILED_LAUNCH["hooks"])."""
+    if where == "knobs":
+        import triton.knobs
+
+        return triton.knobs.runtime
+    return CompiledKernel
+
+
+def _launch_hooks(home) -> bool:
+    """Whether a Triton launch hook is registered: a hook is None, a plain function, or (triton >= 3.6)
+    a HookChain whose list of `calls` may be empty."""
+    return any(hook is not None and getattr(hook, "calls", True)
+               for hook in (home.launch_enter_hook, home.launch_exit_hook))
+
+
+def int_specialization(value: int):
+    """What Triton's JIT specialises an int argument on (a compiled kernel holds only for ints of the same
+    class): equal to 1, divisible by 16, and its type (i32, i64, u64 by range).  A superset of what every
+    supported Triton version distinguishes."""
+    return value == 1, value % 16 == 0, -2 ** 31 <= value < 2 ** 31, value >= 2 ** 63
+
+
 class CompiledLaunch:
     """One launch of a compiled Triton kernel, replayed without the JIT's dispatch.
 
@@ -252,7 +284,7 @@ class CompiledLaunch:
     tensor parameters whose specialisation the caller guarantees (buffers it allocates itself in
     the plan's sizes, stand-ins that are another checked parameter's tensor): not checked per call."""
 
-    __slots__ = ("runner", "values", "slots", "signature", "hip", "checked")
+    __slots__ = ("runner", "values", "slots", "signature", "hip", "checked", "index", "direct", "hooks")
 
     def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool, fixed=()):
         from ..tuning import resolve_entry, tables
@@ -262,15 +294,30 @@ class CompiledLaunch:
         keep = list(range(len(params)))
         if resolve_entry(tables.COMPILED_LAUNCH)["args"] == "runtime":
             keep = [i for i in keep if not params[i].is_constexpr]
-        index = {params[i].name: j for j, i in enumerate(keep)}
+        self.index = index = {params[i].name: j for j, i in enumerate(keep)}
         self.values = [values[i] for i in keep]
         self.slots = [index[name] for name in tensor_params]
-        self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (the runner reads three axes)
+        grid = tuple(grid) + (1,) * (3 - len(grid))  # (the runner reads three axes)
+        self.runner = compiled[grid]  # (initialises the kernel's handles)
+        # the launcher's own leading arguments, as the runner passes them (launch_metadata and hooks None)
+        self.direct = (compiled.run, grid[0], grid[1], grid[2], compiled.function, compiled.packed_metadata)
+        self.hooks = _hooks_home(resolve_entry(tables.COMPILED_LAUNCH)["hooks"])
         self.hip = hip
         self.checked = tuple(i for i, name in enumerate(tensor_params) if name not in fixed)
         self.signature = self._signature([self.values[self.slots[i]] for i in self.checked])
         for j in self.slots:  # hold no tensor of the first call (a KV cache may be gigabytes)
             self.values[j] = None
+
+    def patched(self, ints: dict) -> "CompiledLaunch":
+        """A copy that launches with the runtime int arguments `ints` (parameter name -> value) instead of
+        the recorded ones.  The caller guarantees each new value's int_specialization equals the old one's."""
+        twin = object.__new__(CompiledLaunch)
+        for name in self.__slots__:
+            setattr(twin, name, getattr(self, name))
+        twin.values = self.values.copy()
+        for name, value in ints.items():
+            twin.values[self.index[name]] = value
+        return twin
 
     def _signature(self, tensors):
         if self.hip:
@@ -294,10 +341,11 @@ class CompiledLaunch:
         values = self.values.copy()
         for slot, t in zip(self.slots, tensors):
             values[slot] = t
-        if stream is None:
-            self.runner(*values)
-        else:
+        if stream is None or _launch_hooks(self.hooks):
             self.runner(*values, stream=stream)
+        else:
+            run, x, y, z, function, packed_metadata = self.direct
+            run(x, y, z, stream, function, packed_metadata, None, None, None, *values)
 
 
 def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,

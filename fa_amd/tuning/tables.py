@@ -594,8 +594,12 @@ FP8_MIN_TRITON = {"gfx950": (3, 6)}
 FP8_V_TOKEN_MAJOR = ("sm89", "sm90", "sm120", "gfx942")
 # How a Triton CompiledKernel's launcher takes a call's arguments (kernels/launch.CompiledLaunch, which
 # replays the decode loop's launches without the JIT's dispatch): every parameter's value in order, or,
-# before triton 3.3, the non-constexpr ones only (the JIT's own launch passed those).
-COMPILED_LAUNCH = {"args": "all", "triton<3.3": {"args": "runtime"}}
+# before triton 3.3, the non-constexpr ones only (the JIT's own launch passed those).  "hooks": where
+# Triton keeps its launch hooks (profilers register them; with none registered a replay calls the
+# launcher itself, skipping the runner closure and its per-launch metadata): triton.knobs.runtime from
+# 3.4, CompiledKernel's class attributes before.
+COMPILED_LAUNCH = {"args": "all", "hooks": "knobs", "triton<3.4": {"hooks": "compiled_kernel"},
+                   "triton<3.3": {"args": "runtime"}}
 # The FP8 quantisation kernels of the quantising functions (fa_amd/kernels/quantize.py), by arch name,
 # then family, then "default": BLOCK_ELEMENTS elements (tokens x padded head dim) per block, at most
 # MAX_SPLITS programs per (sequence, head) (each walks every MAX_SPLITS-th block), num_warps.  Both

@@ -636,11 +636,18 @@ class _FakeKernel:
 
 
 class _FakeCompiled:
+    """A CompiledKernel's runner (records (grid, args)) and launcher (records its whole argument list)."""
+    function, packed_metadata = "function", "metadata"
+
     def __init__(self):
         self.calls = []
+        self.direct = []
 
     def __getitem__(self, grid):
-        return lambda *args: self.calls.append((grid, args))
+        return lambda *args, stream=None: self.calls.append((grid, args))
+
+    def run(self, *args):
+        self.direct.append(args)
 
 
 @pytest.mark.parametrize("args_mode", ["all", "runtime"])
@@ -668,6 +675,16 @@ def test_compiled_launch_orders_arguments_and_guards_specialisation(monkeypatch,
     assert len(args) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
                                           for a, b in zip(args, want))
     assert not launch.run((base[1:9], y2, s2)) and len(compiled.calls) == 1  # 4-byte offset: not aligned
+    # with a stream and no launch hook registered, the launcher itself: the runner's leading arguments
+    # (no launch metadata, no hooks), then the same values
+    assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 1
+    lead, values = compiled.direct[-1][:9], compiled.direct[-1][9:]
+    assert lead == (3, 1, 1, 77, "function", "metadata", None, None, None)
+    assert len(values) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
+                                            for a, b in zip(values, want))
+    hooks = launch.hooks  # a profiler's hook registered: through the runner, which hands it the metadata
+    monkeypatch.setattr(hooks, "launch_enter_hook", lambda metadata: None)
+    assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 2 and len(compiled.direct) == 1
 
 
 @pytest.mark.gpu
@@ -737,6 +754,89 @@ def test_plan_hits_with_sinks_and_splits_equal_the_full_path(device):
     assert len(dec._PLANS) == 1 and next(iter(dec._PLANS.values())).part_shapes is not None
     for a, b in zip(hit, full):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mask, window_left, full_paths", [(False, -1, 2), (True, -1, 2), (True, 40, 3)])
+def test_a_growing_cache_takes_its_plan_with_the_new_capacity(device, monkeypatch, mask, window_left, full_paths):
+    """Transformers' dynamic cache hands over one key more at every step, as a new (b, hk, L, d) tensor
+    seen through its (b, L, hk, d) view (strides that follow L), with a per-key mask as wide as the
+    cache.  A step whose capacity ints keep their Triton specialisation, whose split count and window
+    flag stay, takes the last full path's plan with those ints changed (no full path, no JIT launch on
+    the GPU); each step matches a float64 reference.  Full paths here: L=33 and the first L divisible
+    by 16 (48), and with a 40-key left window the step whose cache outgrows it (L=42: HAS_LEFT on)."""
+    torch.manual_seed(17)
+    ran = []
+    real_launch = decode.launch
+    monkeypatch.setattr(decode, "launch", lambda *args: ran.append(args[0]) or real_launch(*args))
+    decode._PLANS.clear()
+    decode._RESIZABLE.clear()
+    b, hq, hk, d, scale = 2, 4, 2, 32, 32 ** -0.5
+    q = torch.randn(b, 1, hq, d, device=device, dtype=torch.float16)
+    for length in range(33, 50):
+        k_cache = torch.randn(b, hk, length, d, device=device, dtype=torch.float16).transpose(1, 2)
+        v_cache = torch.randn(b, hk, length, d, device=device, dtype=torch.float16).transpose(1, 2)
+        key_mask = None
+        if mask:
+            key_mask = torch.ones(b, length, dtype=torch.uint8, device=device)
+            key_mask[0, 3] = key_mask[1, length - 5] = 0
+        out, lse = decode.decode_forward(q, k_cache, v_cache, scale, window_left, -1, 0.0, None, key_mask=key_mask,
+                                         num_splits=2)
+        keep = torch.ones(b, length, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
+        if window_left >= 0:
+            keep &= torch.arange(length, device=device) >= length - 1 - window_left
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k_cache.double().repeat_interleave(hq // hk, 2))
+        scores = (scores * scale).masked_fill(~keep[:, None, None, :], float("-inf"))
+        ref = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v_cache.double().repeat_interleave(hq // hk, 2))
+        assert (out.double() - ref).abs().max() < 2e-3, length
+        torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-3, rtol=0)
+    assert len(ran) == full_paths and len(decode._PLANS) == 49 - 33 + 1
+
+
+@pytest.mark.gpu
+def test_resized_replays_equal_the_full_path():
+    """On the GPU the resized plan replays the recorded CompiledKernel with the new capacity ints: bit
+    for bit the full path's (JIT) result at that capacity, for a split call and an unsplit one."""
+    torch.manual_seed(19)
+    b, hq, hk, d = 3, 16, 4, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    for length, splits in ((1000, 0), (4001, 1)):
+        keys = torch.randn(b, hk, length + 3, d, device="cuda", dtype=torch.bfloat16)
+        values = torch.randn_like(keys)
+
+        def call(n):  # a fresh (b, hk, n, d) tensor per step, as the dynamic cache's torch.cat gives
+            k_cache, v_cache = keys[:, :, :n].contiguous(), values[:, :, :n].contiguous()
+            return decode.decode_forward(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), d ** -0.5, -1, -1,
+                                         0.0, None, num_splits=splits)
+
+        decode._PLANS.clear()
+        decode._RESIZABLE.clear()
+        call(length)
+        call(length)  # its JIT launch becomes the template's replay
+        (template,) = decode._PLANS.values()
+        assert "decode" in template.replays
+        resized = call(length + 2)  # the same specialisation: no capacity here is divisible by 16
+        assert len(decode._PLANS) == 2 and "decode" in decode._PLANS[next(reversed(decode._PLANS))].replays
+        decode._PLANS.clear()
+        decode._RESIZABLE.clear()
+        full = call(length + 2)
+        assert all(torch.equal(x, y) for x, y in zip(resized, full)), length
+
+
+def test_compiled_launch_patched_changes_only_the_named_ints():
+    """CompiledLaunch.patched: a copy that passes the new ints in their parameters' positions; the
+    original launches as before."""
+    from fa_amd.kernels.launch import CompiledLaunch, int_specialization
+
+    base = torch.zeros(64)
+    compiled = _FakeCompiled()
+    first = CompiledLaunch(_FakeKernel, compiled, (3, 1, 1), (base[:8], base[16:24], 5), {"S": base[32:40], "K": 2},
+                           ("X", "Y", "S"), hip=False)
+    twin = first.patched({"n": 37})
+    tensors = (base[8:16], base[24:32], base[40:48])
+    assert twin.run(tensors) and first.run(tensors)
+    assert compiled.calls[0][1][2] == 37 and compiled.calls[1][1][2] == 5
+    assert int_specialization(32) != int_specialization(33) != int_specialization(1)
+    assert int_specialization(2 ** 31) != int_specialization(2 ** 31 - 16)
 
 
 # --------------------------------------------------------------------------- split merge: fused or launched

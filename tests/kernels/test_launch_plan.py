@@ -22,8 +22,22 @@ class _Compiled(CompiledKernel):
     def __del__(self):  # (nor has it a module to unload)
         pass
 
+    function, packed_metadata = "function", "metadata"
+
     def __getitem__(self, grid):
-        return lambda *args: self.replays.append((grid, args))
+        return lambda *args, stream=None: self.replays.append((grid, args))
+
+    def run(self, x, y, z, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args):
+        # the launcher itself, which a replay calls when no launch hook is registered
+        assert (stream, function, metadata, launch_metadata, enter_hook, exit_hook) == (
+            0, "function", "metadata", None, None, None)
+        self.replays.append(((x, y, z), args))
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_stream(monkeypatch):
+    # a plan looks the current stream up once per replay (no GPU here: a stand-in handle)
+    monkeypatch.setattr(L, "current_stream", lambda: 0)
 
 
 class _Kernel:
