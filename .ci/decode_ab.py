@@ -99,7 +99,7 @@ def apply(tile=None, split_rule=None, merge=None):
     if _INSTALLED[0] == state:
         return
     _INSTALLED[0] = state
-    decode._PLANS.clear()  # (a memoized launch plan keeps the tile it was made with)
+    decode.forget_plans()  # (a memoized launch plan keeps the tile it was made with)
     others = tuple(f for f in PRISTINE_FUSED_MERGE if f != FAMILY)
     tables.DECODE_FUSED_MERGE_FAMILIES = {None: PRISTINE_FUSED_MERGE, "fused": others + (FAMILY,),
                                           "launch": others}[merge]
@@ -318,7 +318,7 @@ def main():
         rule = dict(programs_per_sm=64, min_blocks_per_split=1) if DRY_RUN else None
         splits = {}
         for row in the_rows:
-            decode._PLANS.clear()
+            decode.forget_plans()
             stage[row.label] = time_row(row, [(best_tile, rule, None, m) for m in MERGES])
             splits[row.label] = sorted({plan.grid[1] for plan in decode._PLANS.values()})  # (grid: tiles, splits, b)
         results["stages"]["merge"] = stage

@@ -681,7 +681,7 @@ class _DecodePlan(NamedTuple):
     merge_kwargs: dict
     counters: int  # split counters the fused merge needs (_split_counters); 0: a merge launch, or no split
     replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
-    scratch: dict  # stream -> the plan's scratch buffers on it (_plan_buffers)
+    scratch: Optional[dict]  # stream -> the plan's scratch buffers on it (_plan_buffers); None: none kept
 
 
 # call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
@@ -740,6 +740,12 @@ class _Resizable(NamedTuple):
 _RESIZABLE = {}
 
 
+def forget_plans():
+    """Drop every memoized decode plan (tests and A/B scripts: the next call takes the full path)."""
+    _PLANS.clear()
+    _RESIZABLE.clear()
+
+
 def _sized_ints(k_cache, v_cache, key_mask, whole_cache: bool):
     """The decode kernel's int arguments that follow a dense cache's capacity, by parameter name
     (whole_cache: no cache_seqlens tensor or int, every key of the cache is attended)."""
@@ -783,6 +789,11 @@ def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_
     return plan
 
 
+# a plan keeps its scratch buffers only up to this size (the split partials of a long-query or wide call can
+# reach 100s of MB; a serving process may hold _MAX_PLANS plans)
+_MAX_KEPT_SCRATCH = 16 << 20
+
+
 def _new_buffers(plan: _DecodePlan, q):
     """(lse, out_part, lse_part) of a plan's launch, freshly allocated; without split the partial
     buffers are the lse (stand-ins the kernel does not touch)."""
@@ -800,8 +811,10 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     it call after call: a CUDA allocation costs ~7 us of host time on the H100's host, as much as a
     tenth of a decode call (.ci/decode_pieces.py).  Launches on one stream run in order, so reuse is
     safe there (a CPU call's "stream" is None); graphs follow the split counters' rules
-    (_split_counters).  `fresh` (the custom op under torch.compile) or graph capture: new buffers."""
-    if fresh or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    (_split_counters).  `fresh` (the custom op under torch.compile), graph capture, or a plan whose
+    buffers would hold more than _MAX_KEPT_SCRATCH bytes (its scratch is None; its call is long anyway):
+    new buffers."""
+    if fresh or plan.scratch is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _new_buffers(plan, q)
     kept = plan.scratch.get(stream)
     if kept is None:
@@ -1004,7 +1017,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
             (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {},
-            {})
+            {} if (out_part.numel() + lse_part.numel() + lse.numel()) * 4 <= _MAX_KEPT_SCRATCH else None)
         if structure is not None:
             sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
             if len(_RESIZABLE) >= _MAX_PLANS:

@@ -568,13 +568,13 @@ def test_repeated_calls_reuse_checks_and_plans_but_still_check(device):
     v_cache = torch.randn_like(k_cache)
     lens = torch.tensor([75, 1, 33], dtype=torch.int32, device=device)
     kvcache._CHECKED_PLAIN_CALLS.clear()
-    dec._PLANS.clear()
+    dec.forget_plans()
     first = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
     assert len(kvcache._CHECKED_PLAIN_CALLS) == 1 and len(dec._PLANS) == 1
     again = fa_amd.flash_attn_with_kvcache(q.clone(), k_cache, v_cache, cache_seqlens=lens, causal=True)
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     kvcache._CHECKED_PLAIN_CALLS.clear()
-    dec._PLANS.clear()  # the full path again (its results are checked against float64 by the grid tests)
+    dec.forget_plans()  # the full path again (its results are checked against float64 by the grid tests)
     fresh = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
     torch.testing.assert_close(fresh, first, rtol=0, atol=0)
     paged = fa_amd.flash_attn_with_kvcache(q, k_cache.reshape(-1, 25, 2, 40)[:, :16].contiguous(),
@@ -608,12 +608,12 @@ def test_key_mask_calls_reuse_the_plan_with_their_own_mask(device):
     def call(mask):
         return dec.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, key_mask=mask)[0]
 
-    dec._PLANS.clear()
+    dec.forget_plans()
     call(masks[0])
     assert len(dec._PLANS) == 1
     hit = call(masks[1])
     assert len(dec._PLANS) == 1
-    dec._PLANS.clear()
+    dec.forget_plans()
     fresh = call(masks[1])
     torch.testing.assert_close(hit, fresh, rtol=0, atol=0)
     keep = masks[1].bool()
@@ -707,7 +707,7 @@ def test_replayed_decode_launches_equal_the_jit_launches(sinks):
         return dec.decode_forward(q, k_cache, v_cache, d ** -0.5, -1, -1, 0.0, None, cache_seqlens=lens,
                                   sinks=sink, num_splits=4)
 
-    dec._PLANS.clear()
+    dec.forget_plans()
     call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # builds the plan
     call(torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16))  # its JIT launch becomes the replay
     (plan,) = dec._PLANS.values()
@@ -715,7 +715,7 @@ def test_replayed_decode_launches_equal_the_jit_launches(sinks):
     assert set(plan.replays) == ({"decode"} if fused else {"decode", "merge"}) and bool(plan.counters) == fused
     q = torch.randn(3, 1, hq, d, device="cuda", dtype=torch.bfloat16)
     replayed = call(q)
-    dec._PLANS.clear()
+    dec.forget_plans()
     jit = call(q)
     assert all(torch.equal(a, b) for a, b in zip(replayed, jit))
     call(q)
@@ -748,7 +748,7 @@ def test_plan_hits_with_sinks_and_splits_equal_the_full_path(device):
     def call():
         return dec.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, sinks=sinks, num_splits=3)
 
-    dec._PLANS.clear()
+    dec.forget_plans()
     full = call()
     hit = call()
     assert len(dec._PLANS) == 1 and next(iter(dec._PLANS.values())).part_shapes is not None
@@ -768,8 +768,7 @@ def test_a_growing_cache_takes_its_plan_with_the_new_capacity(device, monkeypatc
     ran = []
     real_launch = decode.launch
     monkeypatch.setattr(decode, "launch", lambda *args: ran.append(args[0]) or real_launch(*args))
-    decode._PLANS.clear()
-    decode._RESIZABLE.clear()
+    decode.forget_plans()
     b, hq, hk, d, scale = 2, 4, 2, 32, 32 ** -0.5
     q = torch.randn(b, 1, hq, d, device=device, dtype=torch.float16)
     for length in range(33, 50):
@@ -808,18 +807,51 @@ def test_resized_replays_equal_the_full_path():
             return decode.decode_forward(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), d ** -0.5, -1, -1,
                                          0.0, None, num_splits=splits)
 
-        decode._PLANS.clear()
-        decode._RESIZABLE.clear()
+        decode.forget_plans()
         call(length)
         call(length)  # its JIT launch becomes the template's replay
         (template,) = decode._PLANS.values()
         assert "decode" in template.replays
         resized = call(length + 2)  # the same specialisation: no capacity here is divisible by 16
         assert len(decode._PLANS) == 2 and "decode" in decode._PLANS[next(reversed(decode._PLANS))].replays
-        decode._PLANS.clear()
-        decode._RESIZABLE.clear()
+        decode.forget_plans()
         full = call(length + 2)
         assert all(torch.equal(x, y) for x, y in zip(resized, full)), length
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_plans_reuse_their_scratch_and_leave_results_alone(device, monkeypatch, keep):
+    """A planned split call writes its partials (and, when the caller drops it, its lse) into buffers the
+    plan keeps: later calls on other data give what the full path gives, the lse the caller asks for is
+    a tensor of its own, and a plan whose buffers would be too large keeps none."""
+    if not keep:
+        monkeypatch.setattr(decode, "_MAX_KEPT_SCRATCH", 0)
+    torch.manual_seed(23)
+    k_cache = torch.randn(2, 90, 2, 24, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+
+    def call(q, need_lse):
+        return decode.decode_forward(q, k_cache, v_cache, 24 ** -0.5, -1, -1, 0.0, None, num_splits=3,
+                                     need_lse=need_lse)
+
+    decode.forget_plans()
+    call(torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16), False)  # the plan
+    ((key, plan),) = decode._PLANS.items()
+    assert plan.part_shapes is not None and (plan.scratch is not None) == keep
+    results = []
+    for need_lse in (False, True, True):
+        q = torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16)
+        results.append(call(q, need_lse))
+        decode.forget_plans()
+        full = call(q, True)
+        decode._PLANS[key] = plan  # (the kept plan again, not the new one)
+        torch.testing.assert_close(results[-1][0], full[0], rtol=0, atol=0)
+        if need_lse:
+            torch.testing.assert_close(results[-1][1], full[1], rtol=0, atol=0)
+        else:
+            assert results[-1][1] is None
+    assert results[1][1] is not results[2][1] and results[1][1].data_ptr() != results[2][1].data_ptr()
+    assert len(plan.scratch or {}) == (1 if keep else 0)
 
 
 def test_compiled_launch_patched_changes_only_the_named_ints():
@@ -934,7 +966,7 @@ def test_split_counters_stay_zero_and_grow(device, monkeypatch):
     _use_merge(monkeypatch, device, "fused")
     monkeypatch.setattr(decode, "_SPLIT_COUNTERS", {})
     monkeypatch.setattr(decode, "_RETIRED_COUNTERS", [])
-    decode._PLANS.clear()
+    decode.forget_plans()
     for case in ("paged16_sinks_splits4", "paged16_sinks_splits4", "gqa3_sq3_causal_splits3"):  # miss, hit, another
         # (caches long enough for the forced splits under a GPU's wider key tiles too)
         q, k_cache, v_cache, k, v, kw, splits = make_case(device, **dict(SPLIT_CASES[case], cache=600))
