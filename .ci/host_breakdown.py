@@ -7,6 +7,7 @@ appeared between the launchers and the Function).
     python .ci/host_breakdown.py          # on the GPU machine (`.ci/gpu host`)
     python .ci/host_breakdown.py --profile  # also: cProfile of the public API's calls (top functions by own
                                             # time) and the launches / CUDA API calls per call (torch.profiler)
+    python .ci/host_breakdown.py --pieces   # also: host us of single pieces of the planned launchers
     python .ci/host_breakdown.py --cpu    # here: kernels stubbed out (no launch at all), the sm90 tables,
                                           # small CPU tensors: the Python/autograd glue alone (v9)
 """
@@ -147,6 +148,40 @@ def segments(calls=200):
           "  ".join(f"{n} {statistics.median(r[i] for r in rows) / 1e3:.0f}" for i, n in enumerate(names)))
 
 
+def pieces():
+    """Host us of single pieces of the planned forward / backward (best of 5 runs of 500 calls back to back)."""
+    import time
+
+    from fa_amd.kernels.launch import current_stream
+
+    def us(fn, n=500):
+        for _ in range(50):
+            fn()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return best
+
+    rows = [
+        ("attention_forward (planned)", lambda: F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1,
+                                                                    WINDOW_RIGHT, 0.0, None, None, False)),
+        ("attention_backward (planned)", lambda: A.attention_backward(dout, q, k, v, out, lse, None, None, S, S, 0.0,
+                                                                      SCALE, -1, WINDOW_RIGHT, 0.0, None, None,
+                                                                      False)),
+        ("q.new_empty(q.shape)", lambda: q.new_empty(q.shape)),
+        ("torch.zeros(1024, int32)", lambda: torch.zeros(1024, device=q.device, dtype=torch.int32)),
+        ("q.new_empty((0,))", lambda: q.new_empty((0,))),
+        ("current_stream()", current_stream),
+        ("torch.is_grad_enabled()", torch.is_grad_enabled),
+    ]
+    for name, fn in rows:
+        print(f"  {name:36s} {us(fn):7.2f} us", flush=True)
+
+
 def profile(fn, calls=200):
     """Where the host time of `fn` goes: Python functions by own time, then the CUDA runtime calls."""
     import cProfile
@@ -188,6 +223,8 @@ if __name__ == "__main__":
     if not CPU:
         print(f"{'raw launchers, second thread':32s} {in_thread(launchers):8.0f} us/call (host)")
     segments()
+    if "--pieces" in sys.argv and not CPU:
+        pieces()
     if "--profile" in sys.argv:
         profile(public_api)
 

@@ -406,7 +406,7 @@ def _backward(ctx, dout):
     if torch.compiler.is_compiling():
         bwd = torch.ops.fa_amd.attention_bwd
     else:
-        bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._backward_impl
+        bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
     return ops._backward_with(bwd, ctx, dout)
 
 

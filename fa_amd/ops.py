@@ -10,7 +10,7 @@ the launches themselves; on the lent H100 one forward+backward at (16, 1024, 16,
 128) took ~1.9 ms of host time through the op and ~1.1 ms through the plain
 autograd.Function, against ~1.1 ms of GPU time, so small and mid-sized calls
 were bound by the CPU (docs/TUNING_NOTES.md v6).  Both paths run the same
-`attention_forward` / `_backward_impl`, save the same tensors, and CUDA graphs
+`attention_forward` / `_gradients`, save the same tensors, and CUDA graphs
 capture either.
 
 Double backward (a gradient of these gradients, e.g. a gradient penalty through
@@ -80,16 +80,25 @@ def attention_bwd(
                           deterministic, sinks)
 
 
-def _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                   deterministic, sinks=None):
-    """(dq, dk, dv, dsinks); dsinks is an empty fp32 tensor when there are no sinks."""
+def _gradients(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+               dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+               deterministic, sinks=None):
+    """(dq, dk, dv), and dsinks when there are sinks."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dout = with_int32_row_offsets("dout", dout, max_seqlen_q, cu_seqlens_q is not None)
-    grads = attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
-                               alibi_slopes, rng_state, deterministic, sinks)
+    return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
+                              alibi_slopes, rng_state, deterministic, sinks)
+
+
+def _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                   deterministic, sinks=None):
+    """(dq, dk, dv, dsinks): the op's fixed outputs; dsinks is an empty fp32 tensor when there are no sinks."""
+    grads = _gradients(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                       deterministic, sinks)
     return grads if sinks is not None else (*grads, q.new_empty((0,), dtype=torch.float32))
 
 
@@ -146,10 +155,10 @@ def _backward_with(bwd, ctx, dout):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
      deterministic) = ctx.params
-    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                             deterministic, sinks)
-    return ((dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,))[:ctx.num_inputs]
+    # (dq, dk, dv) or (dq, dk, dv, dsinks): the op always gives four, the eager _gradients three without sinks
+    grads = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, deterministic, sinks)
+    return (tuple(grads[:3]) + (None,) * 13 + (grads[3] if sinks is not None else None,))[:ctx.num_inputs]
 
 
 def _backward(ctx, dout, _dlse, _dprobs):
@@ -180,7 +189,7 @@ class EagerAttention(torch.autograd.Function):
         if dout is None:  # only lse / probs were used: no gradient flows to q, k, v (or sinks)
             return None, None, None, None, None
         # create_graph=True: the gradients must not pass for constants (their backward raises)
-        bwd = _OnceDifferentiableGrads.apply if torch.is_grad_enabled() else _backward_impl
+        bwd = _OnceDifferentiableGrads.apply if torch.is_grad_enabled() else _gradients
         grads = _backward_with(bwd, ctx, dout)
         return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 

@@ -54,7 +54,7 @@ import torch
 from . import interface
 from .arch import INTERPRET
 from .memo import memo_per_tensor
-from .ops import _backward_impl, _traced
+from .ops import _gradients, _traced
 from .kernels.forward import attention_forward
 
 __all__ = ["sdpa_route", "enable_sdpa_route", "disable_sdpa_route", "sdpa_route_enabled"]
@@ -409,9 +409,9 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
         q.shape[-1], dropout_p, scale, is_causal, (-1, -1), 0.0, False, False)
     q, k, v = (interface._last_dim_contiguous(x) for x in (q, k, v))
     rng_state = _rng_from_meta(philox_seed, philox_offset) if dropout_p > 0 else None
-    dq, dk, dv, _ = _backward_impl(do, q, k, v, interface._last_dim_contiguous(o), logsumexp.contiguous(), None,
-                                   None, q.shape[1], k.shape[1], dropout_p, scale, left, right, 0.0, None,
-                                   rng_state, torch.are_deterministic_algorithms_enabled())
+    dq, dk, dv = _gradients(do, q, k, v, interface._last_dim_contiguous(o), logsumexp.contiguous(), None, None,
+                            q.shape[1], k.shape[1], dropout_p, scale, left, right, 0.0, None, rng_state,
+                            torch.are_deterministic_algorithms_enabled())
     return _flash_layout(dq, dk, dv)
 
 
