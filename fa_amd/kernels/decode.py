@@ -681,7 +681,6 @@ class _DecodePlan(NamedTuple):
     merge_kwargs: dict
     counters: int  # split counters the fused merge needs (_split_counters); 0: a merge launch, or no split
     replays: dict  # "decode" / "merge" -> the CompiledLaunch that replays that launch (_launch_replayed)
-    scratch: Optional[dict]  # stream -> the plan's scratch buffers on it (_plan_buffers); None: none kept
 
 
 # call structure -> _DecodePlan (see decode_forward); one entry per (shapes, dtypes, options) in use
@@ -741,9 +740,11 @@ _RESIZABLE = {}
 
 
 def forget_plans():
-    """Drop every memoized decode plan (tests and A/B scripts: the next call takes the full path)."""
+    """Drop every memoized decode plan and kept scratch set (tests and A/B scripts: the next call takes the
+    full path)."""
     _PLANS.clear()
     _RESIZABLE.clear()
+    _SCRATCH.clear()
 
 
 def _sized_ints(k_cache, v_cache, key_mask, whole_cache: bool):
@@ -789,9 +790,12 @@ def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_
     return plan
 
 
-# a plan keeps its scratch buffers only up to this size (the split partials of a long-query or wide call can
-# reach 100s of MB; a serving process may hold _MAX_PLANS plans)
-_MAX_KEPT_SCRATCH = 16 << 20
+# (device, stream, lse shape, partial shapes) -> the scratch buffers that planned decode launches of those
+# shapes share on that stream (_plan_buffers): at most _MAX_SCRATCH_SETS sets of at most _MAX_KEPT_SCRATCH
+# bytes each (a long-query or wide split call's partials can reach 100s of MB: those are not kept)
+_SCRATCH = {}
+_MAX_SCRATCH_SETS = 16
+_MAX_KEPT_SCRATCH = 4 << 20
 
 
 def _new_buffers(plan: _DecodePlan, q):
@@ -809,16 +813,19 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     does not read it (Transformers' route, flash_attn_with_kvcache without return_softmax_lse) -- are
     scratch that the launch writes before it reads them, so a plan keeps one set per stream and reuses
     it call after call: a CUDA allocation costs ~7 us of host time on the H100's host, as much as a
-    tenth of a decode call (.ci/decode_pieces.py).  Launches on one stream run in order, so reuse is
-    safe there (a CPU call's "stream" is None); graphs follow the split counters' rules
-    (_split_counters).  `fresh` (the custom op under torch.compile), graph capture, or a plan whose
-    buffers would hold more than _MAX_KEPT_SCRATCH bytes (its scratch is None; its call is long anyway):
-    new buffers."""
-    if fresh or plan.scratch is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    tenth of a decode call (.ci/decode_pieces.py).  Launches on one stream run in order, so plans of
+    the same buffer shapes share one set per stream (_SCRATCH; a CPU call's "stream" is None).  `fresh`
+    (the custom op under torch.compile) or graph capture (the graph owns its buffers): new buffers."""
+    if fresh or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _new_buffers(plan, q)
-    kept = plan.scratch.get(stream)
+    key = (q.device, stream, plan.lse_shape, plan.part_shapes)
+    kept = _SCRATCH.get(key)
     if kept is None:
-        kept = plan.scratch[stream] = _new_buffers(plan, q)
+        kept = _new_buffers(plan, q)
+        if 4 * sum(t.numel() for t in {id(t): t for t in kept}.values()) <= _MAX_KEPT_SCRATCH:
+            if len(_SCRATCH) >= _MAX_SCRATCH_SETS:
+                _SCRATCH.clear()  # (launches still in flight keep theirs: the allocator reuses per stream)
+            _SCRATCH[key] = kept
     if not need_lse:
         return kept
     lse = new_output(q, plan.lse_shape, torch.float32)
@@ -1016,8 +1023,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         plan = _PLANS[plan_key] = _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {},
-            {} if (out_part.numel() + lse_part.numel() + lse.numel()) * 4 <= _MAX_KEPT_SCRATCH else None)
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {})
         if structure is not None:
             sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
             if len(_RESIZABLE) >= _MAX_PLANS:

@@ -821,9 +821,9 @@ def test_resized_replays_equal_the_full_path():
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_plans_reuse_their_scratch_and_leave_results_alone(device, monkeypatch, keep):
-    """A planned split call writes its partials (and, when the caller drops it, its lse) into buffers the
-    plan keeps: later calls on other data give what the full path gives, the lse the caller asks for is
-    a tensor of its own, and a plan whose buffers would be too large keeps none."""
+    """A planned split call writes its partials (and, when the caller drops it, its lse) into buffers kept
+    for its stream: later calls on other data give what the full path gives, the lse the caller asks for
+    is a tensor of its own, and buffers above the size limit are not kept."""
     if not keep:
         monkeypatch.setattr(decode, "_MAX_KEPT_SCRATCH", 0)
     torch.manual_seed(23)
@@ -836,22 +836,21 @@ def test_plans_reuse_their_scratch_and_leave_results_alone(device, monkeypatch, 
 
     decode.forget_plans()
     call(torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16), False)  # the plan
-    ((key, plan),) = decode._PLANS.items()
-    assert plan.part_shapes is not None and (plan.scratch is not None) == keep
-    results = []
-    for need_lse in (False, True, True):
-        q = torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16)
-        results.append(call(q, need_lse))
-        decode.forget_plans()
-        full = call(q, True)
-        decode._PLANS[key] = plan  # (the kept plan again, not the new one)
-        torch.testing.assert_close(results[-1][0], full[0], rtol=0, atol=0)
-        if need_lse:
-            torch.testing.assert_close(results[-1][1], full[1], rtol=0, atol=0)
-        else:
-            assert results[-1][1] is None
+    (plan,) = decode._PLANS.values()
+    assert plan.part_shapes is not None and not decode._SCRATCH  # (the full path allocates its own)
+    needs = (False, True, True)
+    queries = [torch.randn(2, 1, 4, 24, device=device, dtype=torch.float16) for _ in needs]
+    results = [call(q, need_lse) for q, need_lse in zip(queries, needs)]  # planned calls
+    assert len(decode._PLANS) == 1 and len(decode._SCRATCH) == keep
     assert results[1][1] is not results[2][1] and results[1][1].data_ptr() != results[2][1].data_ptr()
-    assert len(plan.scratch or {}) == (1 if keep else 0)
+    for q, need_lse, (out, lse) in zip(queries, needs, results):
+        decode.forget_plans()
+        full = call(q, True)  # the full path
+        torch.testing.assert_close(out, full[0], rtol=0, atol=0)
+        if need_lse:
+            torch.testing.assert_close(lse, full[1], rtol=0, atol=0)
+        else:
+            assert lse is None
 
 
 def test_compiled_launch_patched_changes_only_the_named_ints():
