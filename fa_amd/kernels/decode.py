@@ -790,7 +790,7 @@ def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_
     return plan
 
 
-# (device, stream, lse shape, partial shapes) -> the scratch buffers that planned decode launches of those
+# (device index, stream, lse shape, partial shapes) -> the scratch buffers that planned decode launches of those
 # shapes share on that stream (_plan_buffers): at most _MAX_SCRATCH_SETS sets of at most _MAX_KEPT_SCRATCH
 # bytes each (a long-query or wide split call's partials can reach 100s of MB: those are not kept)
 _SCRATCH = {}
@@ -818,7 +818,7 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     (the custom op under torch.compile) or graph capture (the graph owns its buffers): new buffers."""
     if fresh or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _new_buffers(plan, q)
-    key = (q.device, stream, plan.lse_shape, plan.part_shapes)
+    key = (q.get_device(), stream, plan.lse_shape, plan.part_shapes)
     kept = _SCRATCH.get(key)
     if kept is None:
         kept = _new_buffers(plan, q)
