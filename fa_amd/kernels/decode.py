@@ -814,9 +814,12 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     scratch that the launch writes before it reads them, so a plan keeps one set per stream and reuses
     it call after call: a CUDA allocation costs ~7 us of host time on the H100's host, as much as a
     tenth of a decode call (.ci/decode_pieces.py).  Launches on one stream run in order, so plans of
-    the same buffer shapes share one set per stream (_SCRATCH; a CPU call's "stream" is None).  `fresh`
+    the same buffer shapes share one set per stream (_SCRATCH; a CPU call's "stream" is None) -- but only
+    where one launch both writes and reads them: with a merge launch after the decode launch, another
+    thread's call on the same stream could land between the two and overwrite the partials.  `fresh`
     (the custom op under torch.compile) or graph capture (the graph owns its buffers): new buffers."""
-    if fresh or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    two_launches = plan.part_shapes is not None and not plan.counters
+    if fresh or two_launches or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _new_buffers(plan, q)
     key = (q.get_device(), stream, plan.lse_shape, plan.part_shapes)
     kept = _SCRATCH.get(key)

@@ -819,13 +819,15 @@ def test_resized_replays_equal_the_full_path():
         assert all(torch.equal(x, y) for x, y in zip(resized, full)), length
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_plans_reuse_their_scratch_and_leave_results_alone(device, monkeypatch, keep):
+@pytest.mark.parametrize("keep, merge", [(True, "fused"), (False, "fused"), (False, "launch")])
+def test_plans_reuse_their_scratch_and_leave_results_alone(device, monkeypatch, keep, merge):
     """A planned split call writes its partials (and, when the caller drops it, its lse) into buffers kept
     for its stream: later calls on other data give what the full path gives, the lse the caller asks for
-    is a tensor of its own, and buffers above the size limit are not kept."""
+    is a tensor of its own, and buffers above the size limit are not kept -- nor the partials of a split
+    merged by a second launch (another thread's call on the stream could land between the two)."""
     if not keep:
-        monkeypatch.setattr(decode, "_MAX_KEPT_SCRATCH", 0)
+        monkeypatch.setattr(decode, "_MAX_KEPT_SCRATCH", 0 if merge == "fused" else 1 << 30)
+    _use_merge(monkeypatch, device, merge)
     torch.manual_seed(23)
     k_cache = torch.randn(2, 90, 2, 24, device=device, dtype=torch.float16)
     v_cache = torch.randn_like(k_cache)
