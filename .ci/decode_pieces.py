@@ -8,31 +8,17 @@ Each figure: the best of 5 runs of N calls back to back, no sync.
 """
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fa_amd import kvcache  # noqa: E402
+from fa_amd.bench import best_host_us  # noqa: E402
 from fa_amd.kernels import decode as D  # noqa: E402
 from integrations import hf_attention as H  # noqa: E402
 
 N = int(os.environ.get("N", 2000))
-
-
-def us(fn, n=N):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
 
 
 def main():
@@ -87,7 +73,7 @@ def main():
             q, k, v, scale=scale, enable_gqa=True)))
         rows.append(("q.transpose(1, 2)", lambda: q.transpose(1, 2)))
         for name, fn in rows:
-            print(f"{name:42s} {us(fn):7.2f} us", flush=True)
+            print(f"{name:42s} {best_host_us(fn, N, warmup=100):7.2f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -150,21 +150,8 @@ def segments(calls=200):
 
 def pieces():
     """Host us of single pieces of the planned forward / backward (best of 5 runs of 500 calls back to back)."""
-    import time
-
+    from fa_amd.bench import best_host_us
     from fa_amd.kernels.launch import current_stream
-
-    def us(fn, n=500):
-        for _ in range(50):
-            fn()
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-        return best
 
     rows = [
         ("attention_forward (planned)", lambda: F.attention_forward(q, k, v, None, None, S, S, 0.0, SCALE, -1,
@@ -179,7 +166,7 @@ def pieces():
         ("torch.is_grad_enabled()", torch.is_grad_enabled),
     ]
     for name, fn in rows:
-        print(f"  {name:36s} {us(fn):7.2f} us", flush=True)
+        print(f"  {name:36s} {best_host_us(fn, 500):7.2f} us", flush=True)
 
 
 def profile(fn, calls=200):

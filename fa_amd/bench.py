@@ -464,6 +464,23 @@ def host_ms_per_call(fn, grad_to_none, calls: int = 20) -> float:
     return 1e3 * elapsed / calls
 
 
+def best_host_us(fn, calls: int, runs: int = 5, warmup: int = 50) -> float:
+    """Host microseconds to issue one call of `fn`: the best of `runs` runs of `calls` calls back to back
+    (no synchronization inside a run; one after each, so queued work does not pile up across runs)."""
+    for _ in range(warmup):
+        fn()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        sync()
+    return best
+
+
 def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
     """GPU milliseconds of one call captured in a CUDA graph and replayed (None where it cannot be captured)."""
     if not torch.cuda.is_available():
