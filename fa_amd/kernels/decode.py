@@ -722,6 +722,10 @@ def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, 
                                             arch_for(tensors[0]).is_hip, fixed)
 
 
+# the names of the decode kernel's arguments after its tensors, in order: _DecodePlan.ints
+_DECODE_INT_NAMES = tuple(decode_kernel.arg_names[decode_kernel.arg_names.index("seqlen_q"):])
+
+
 class _Resizable(NamedTuple):
     """A dense-cache plan and what its split count came from: a call that differs from it only in the
     cache's capacity (and the strides and per-key mask width that follow it) replays it with those ints
@@ -767,9 +771,9 @@ def _resizable_key(structure, sized, window_left):
     return structure, tuple(int_specialization(v) for v in sized.values()), 0 <= window_left < sized["capacity"] - 1
 
 
-def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_left, num_splits, plan_key):
-    """The plan of a dense-cache call whose capacity differs from a planned one's, or None (_Resizable)."""
-    sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
+def _resized_plan(structure, sized, q, window_left, num_splits, plan_key):
+    """The plan of a dense-cache call whose capacity differs from a planned one's (its _sized_ints `sized`),
+    or None (_Resizable)."""
     entry = _RESIZABLE.get(_resizable_key(structure, sized, window_left))
     if entry is None:
         return None
@@ -778,8 +782,7 @@ def _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_
                                num_splits)
     if splits != plan.grid[1]:
         return None
-    names = decode_kernel.arg_names[decode_kernel.arg_names.index("seqlen_q"):]  # (plan.ints' names)
-    ints = tuple(sized.get(name, value) for name, value in zip(names, plan.ints))
+    ints = tuple(sized.get(name, value) for name, value in zip(_DECODE_INT_NAMES, plan.ints))
     replays = dict(plan.replays)
     if "decode" in replays:
         replays["decode"] = replays["decode"].patched(sized)
@@ -885,7 +888,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     buffers (_plan_buffers).  `need_lse` False: the caller does not read the lse, which may then be scratch;
     None is returned for it.
     """
-    structure = None  # this function's own key's capacity-free part, for a dense cache (_RESIZABLE)
+    structure = sized = None  # this function's own key's capacity-free part, for a dense cache (_RESIZABLE)
     whole_cache = cache_seqlens is None and cache_seqlens_int is None
     if plan_key is None and (rotary_cos is None and alibi_slopes is None and cu_seqlens_q is None
                              and cu_seqlens_k is None and seqused_k is None):
@@ -902,8 +905,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if plan_key is not None:
         plan = _PLANS.get(plan_key)
         if plan is None and structure is not None:
-            plan = _resized_plan(structure, q, k_cache, v_cache, key_mask, whole_cache, window_left, num_splits,
-                                 plan_key)
+            sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
+            plan = _resized_plan(structure, sized, q, window_left, num_splits, plan_key)
         if plan is not None:
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
                              key_mask, sinks, descale, own_counters, need_lse)
@@ -1027,8 +1030,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
             (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {})
-        if structure is not None:
-            sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
+        if structure is not None:  # (sized: computed for the _resized_plan that missed)
             if len(_RESIZABLE) >= _MAX_PLANS:
                 _RESIZABLE.clear()
             _RESIZABLE[_resizable_key(structure, sized, window_left)] = _Resizable(
