@@ -96,8 +96,8 @@ def check_triton_floor(arch: "Arch") -> None:
 # Triton's interpreter keeps bf16 tensors as their raw uint16 bits, and its tl.dot multiplies those
 # integers (garbage results, triton 3.7 .. 3.9; fp16, fp32 and fp8 dots are exact).  With fa_amd in
 # interpreter mode, bf16 dot operands are widened to fp32 first: exact (every bf16 value is an fp32
-# value) and what a GPU's bf16 dot computes (fp32 products and sums).  Elementwise bf16 math and
-# conversions are correct there already.  False where the interpreter could not be patched (bf16
+# value) and what a GPU's bf16 dot computes (fp32 products and sums).  Elementwise bf16 math is
+# correct there already (its conversions: _fix_interpreter_rounding below).  False where the interpreter could not be patched (bf16
 # inputs then raise on CPU instead of computing garbage).
 INTERPRETER_BF16_DOT = False
 
@@ -130,44 +130,54 @@ if INTERPRET and not LATE_INTERPRET:
     INTERPRETER_BF16_DOT = _fix_interpreter_bf16_dot()
 
 
-# Triton's interpreter (3.9) rounds float32/float16/bfloat16 -> fp8 wrongly: its round-to-nearest adds
-# the first dropped bit to the mantissa without carrying into the exponent (e4m3: 127.5 -> 64 where a GPU
-# gives 128), and ignores the other dropped bits.  The FP8 kernels round P with that cast (fa_amd.fp8), so
-# on the interpreter the downcasts to the fp8 types torch has go through torch's own conversion (round
-# to nearest even, as the GPUs' cvt instructions).  Triton type name -> torch dtype name.
-_INTERPRETER_FP8 = {"fp8e4nv": "float8_e4m3fn", "fp8e4b8": "float8_e4m3fnuz", "fp8e5": "float8_e5m2",
-                    "fp8e5b16": "float8_e5m2fnuz"}
+# Triton's interpreter (3.9) rounds float32 -> bfloat16 and float32/float16/bfloat16 -> fp8 wrongly.  To
+# bf16 it truncates (1.999 -> 1.9921875, 1.01171875 -> 1.0078125 where a GPU gives 2.0 and 1.015625) and
+# mangles subnormals: every kernel output, P and dS it rounds to bf16 carried about twice a GPU's error, a
+# bias toward zero, and bf16 gradients on short rows landed past 2x PyTorch's own bf16 error in ~1 draw of 10.
+# To fp8 its round-to-nearest adds the first dropped bit to the mantissa without carrying into the exponent
+# (e4m3: 127.5 -> 64 where a GPU gives 128) and ignores the other dropped bits; the FP8 kernels round P with
+# that cast (fa_amd.fp8).  So on the interpreter these downcasts (and bf16 -> fp32, exact by its bits) go
+# through torch's own conversions: round to nearest even, as the GPUs' cvt instructions.  Triton type name
+# -> torch dtype name.
+_INTERPRETER_CASTS = {"bf16": "bfloat16", "fp8e4nv": "float8_e4m3fn", "fp8e4b8": "float8_e4m3fnuz",
+                      "fp8e5": "float8_e5m2", "fp8e5b16": "float8_e5m2fnuz"}
 
 
-def _fix_interpreter_fp8_rounding() -> None:
+def _fix_interpreter_rounding() -> None:
     try:
         from triton.runtime import interpreter
         import numpy as np
     except ImportError:  # pragma: no cover - a triton without the interpreter module
         return
     original = getattr(interpreter, "_convert_float", None)
-    if original is None or getattr(original, "_fa_amd_fp8", False):
+    if original is None or getattr(original, "_fa_amd_rounding", False):
         return
     rtz = getattr(getattr(getattr(interpreter, "_ir", None), "ROUNDING_MODE", None), "RTZ", object())
 
-    def convert_float(input, input_dtype, output_dtype, rounding_mode):
-        target = _INTERPRETER_FP8.get(getattr(output_dtype, "name", ""))
-        source = getattr(input_dtype, "name", "")
-        if target is None or source not in ("fp32", "fp16", "bf16") or rounding_mode == rtz:
-            return original(input, input_dtype, output_dtype, rounding_mode)
-        if source == "bf16":  # stored as uint16: widen the bits to float32
-            values = torch.from_numpy((np.ascontiguousarray(input).view(np.uint16).astype(np.uint32) << 16)
-                                      .view(np.float32))
-        else:
-            values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32 if source == "fp32" else np.float16))
-        return values.to(getattr(torch, target)).view(torch.uint8).numpy().reshape(input.shape)
+    def float_values(input, source):
+        if source == "bf16":  # stored as uint16: widen the bits to float32 (exact)
+            return torch.from_numpy((np.ascontiguousarray(input).view(np.uint16).astype(np.uint32) << 16)
+                                    .view(np.float32))
+        return torch.from_numpy(np.ascontiguousarray(input).view(np.float32 if source == "fp32" else np.float16))
 
-    convert_float._fa_amd_fp8 = True
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        target_name = getattr(output_dtype, "name", "")
+        source = getattr(input_dtype, "name", "")
+        if source == "bf16" and target_name == "fp32":
+            return float_values(input, source).numpy().reshape(input.shape)
+        target = _INTERPRETER_CASTS.get(target_name)
+        if target is None or source not in ("fp32", "fp16", "bf16") or source == target_name or rounding_mode == rtz:
+            return original(input, input_dtype, output_dtype, rounding_mode)
+        bits = np.uint16 if target == "bfloat16" else np.uint8
+        return float_values(input, source).to(getattr(torch, target)).view(getattr(torch, bits.__name__)).numpy() \
+            .reshape(input.shape)
+
+    convert_float._fa_amd_rounding = True
     interpreter._convert_float = convert_float
 
 
 if INTERPRET and not LATE_INTERPRET:
-    _fix_interpreter_fp8_rounding()
+    _fix_interpreter_rounding()
 
 
 @dataclass(frozen=True)
