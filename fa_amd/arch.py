@@ -93,41 +93,107 @@ def check_triton_floor(arch: "Arch") -> None:
             "for your ROCm/CUDA that ships it)")
 
 
-# Triton's interpreter keeps bf16 tensors as their raw uint16 bits, and its tl.dot multiplies those
-# integers (garbage results, triton 3.7 .. 3.9; fp16, fp32 and fp8 dots are exact).  With fa_amd in
-# interpreter mode, bf16 dot operands are widened to fp32 first: exact (every bf16 value is an fp32
-# value) and what a GPU's bf16 dot computes (fp32 products and sums).  Elementwise bf16 math is
-# correct there already (its conversions: _fix_interpreter_rounding below).  False where the interpreter could not be patched (bf16
-# inputs then raise on CPU instead of computing garbage).
+# Triton's interpreter keeps bf16 tensors as their raw uint16 bits, and its tl.dot and elementwise ops
+# compute on those integers (triton 3.7 .. 3.9; fp16, fp32 and fp8 are exact): a bf16 dot, sum or product
+# is garbage, and `v != v` never finds a NaN (so the V NaN rule missed bf16 NaNs on the CPU).  With fa_amd in
+# interpreter mode, bf16 operands of dots and elementwise ops are widened to fp32 first (exact: every bf16
+# value is an fp32 value), and an elementwise op's float result is rounded back to bf16 (to nearest even, as
+# a GPU's bf16 instructions; the dot keeps its fp32 result, as a GPU's bf16 dot computes fp32 products and
+# sums).  Its casts: _fix_interpreter_rounding below.  False where the interpreter could not be patched
+# (bf16 inputs then raise on CPU instead of computing garbage).
 INTERPRETER_BF16_DOT = False
 
 
-def _fix_interpreter_bf16_dot() -> bool:
+def _fix_interpreter_bf16_math() -> bool:
     try:
         import numpy as np
         import triton.language as tl
         from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
     except ImportError:
         return False
-    create_dot = InterpreterBuilder.create_dot
-    if getattr(create_dot, "fa_amd_bf16", False):
+    if getattr(InterpreterBuilder.create_dot, "fa_amd_bf16", False):
         return True
 
+    def is_bf16_bits(h):
+        return getattr(h.dtype, "scalar", h.dtype) == tl.bfloat16 and getattr(h.data, "dtype", None) == np.uint16
+
     def widen(h):
-        if getattr(h.dtype, "scalar", h.dtype) != tl.bfloat16 or h.data.dtype != np.uint16:
+        if not is_bf16_bits(h):
             return h
         return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def narrow(h):  # an fp32 result back to bf16 bits, rounded to nearest even
+        if getattr(h.data, "dtype", None) != np.float32:
+            return h
+        bits = torch.from_numpy(np.ascontiguousarray(h.data)).to(torch.bfloat16).view(torch.int16).numpy()
+        return TensorHandle(bits.view(np.uint16).reshape(h.data.shape), tl.bfloat16)
+
+    def elementwise(method):
+        def patched(self, *args):
+            handles = [i for i, a in enumerate(args) if isinstance(a, TensorHandle)]
+            if not any(is_bf16_bits(args[i]) for i in handles):
+                return method(self, *args)
+            wide = tuple(widen(a) if i in handles else a for i, a in enumerate(args))
+            return narrow(method(self, *wide))
+        patched.fa_amd_bf16 = True
+        return patched
+
+    create_dot = InterpreterBuilder.create_dot
 
     def bf16_safe_create_dot(self, a, b, *args, **kwargs):
         return create_dot(self, widen(a), widen(b), *args, **kwargs)
 
+    for name in ("binary_op", "unary_op", "ternary_op", "create_fma"):
+        setattr(InterpreterBuilder, name, elementwise(getattr(InterpreterBuilder, name)))
+    _fix_interpreter_bf16_reductions(np, tl, widen, narrow)
     bf16_safe_create_dot.fa_amd_bf16 = True
     InterpreterBuilder.create_dot = bf16_safe_create_dot
     return True
 
 
+def _fix_interpreter_bf16_reductions(np, tl, widen, narrow) -> None:
+    """tl.sum / tl.max / tl.min / argmax of a bf16 tensor on the interpreter: numpy reduces the raw bits
+    (a sum is garbage, and a negative value's bits compare above every positive one's); reduce the widened
+    values, and round a sum's result back to bf16."""
+    try:
+        from triton.runtime.interpreter import ReduceOps, TensorHandle
+    except ImportError:  # pragma: no cover - a triton without the interpreter's reduce class
+        return
+
+    def widened(x):
+        if not (x.dtype == tl.bfloat16 and getattr(x.handle.data, "dtype", None) == np.uint16):
+            return None
+        return widen(x.handle).data
+
+    def as_bf16(self, values):
+        return self.to_tensor(narrow(TensorHandle(np.asarray(values, dtype=np.float32), tl.float32)).data,
+                              tl.bfloat16)
+
+    original_sum, original_min_max = ReduceOps.sum, ReduceOps.min_max
+
+    def bf16_sum(self, input):
+        data = widened(input)
+        if data is None:
+            return original_sum(self, input)
+        return as_bf16(self, np.sum(data, axis=self.axis, keepdims=self.keep_dims))
+
+    def bf16_min_max(self, input, val_reduce_op, idx_reduce_op=None):
+        value = input[0] if isinstance(input, tuple) else input
+        data = widened(value)
+        if data is None:
+            return original_min_max(self, input, val_reduce_op, idx_reduce_op)
+        val = idx = None
+        if val_reduce_op:
+            val = as_bf16(self, val_reduce_op(data, axis=self.axis, keepdims=self.keep_dims))
+        if idx_reduce_op:
+            idx = self.to_tensor(idx_reduce_op(data, axis=self.axis, keepdims=self.keep_dims), tl.int32)
+        return (val, idx) if val is not None and idx is not None else (val if val is not None else idx)
+
+    ReduceOps.sum, ReduceOps.min_max = bf16_sum, bf16_min_max
+
+
 if INTERPRET and not LATE_INTERPRET:
-    INTERPRETER_BF16_DOT = _fix_interpreter_bf16_dot()
+    INTERPRETER_BF16_DOT = _fix_interpreter_bf16_math()
 
 
 # Triton's interpreter (3.9) rounds float32 -> bfloat16 and float32/float16/bfloat16 -> fp8 wrongly.  To

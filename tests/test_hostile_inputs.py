@@ -388,6 +388,24 @@ def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, whe
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (4, 2))], ids=["causal", "window"])
+@pytest.mark.parametrize("nan_mode", ["fixup", "pass"])
+def test_nan_in_16_bit_v_matches_reference(device, monkeypatch, nan_mode, dtype, causal, window):
+    """The V NaN rule in fp16 and bf16: a NaN value that the masks hide from most rows still makes its feature
+    NaN in every row, as in the reference (on the CPU, bf16 NaNs are found through the interpreter's bf16
+    compare: arch._fix_interpreter_bf16_math)."""
+    _nan_mode(monkeypatch, device, nan_mode)
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 37, h, 16, device=device, dtype=dtype) for h in (2, 1, 1))
+    v[0, 33 if causal else 2, 0, 3] = float("nan")
+    out = fa_amd.flash_attn_func(q, k, v, causal=causal, window_size=window)
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=causal, window_size=window)
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert (out.double() - ref)[~ref.isnan()].abs().max() < 2e-2
+    record("right", f"NaN in {dtype} v (causal={causal}, window={window})")
+
+
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("where,row,causal,window,varlen", [
     ("v", 33, True, (-1, -1), False), ("v", 2, False, (4, 2), False), ("v", 30, True, (-1, -1), True)])

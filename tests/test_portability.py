@@ -96,6 +96,46 @@ def test_interpreter_rounds_to_bf16_like_a_gpu():
 
 
 @interpreter_only
+def test_interpreter_bf16_math_like_a_gpu():
+    """bf16 elementwise math, NaN tests and reductions on the interpreter compute on values, not on the raw
+    uint16 bits it keeps (triton 3.9: 1.0 + 1.0 gave 1.7e38, `v != v` never found a NaN, tl.sum was garbage;
+    arch._fix_interpreter_bf16_math)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def math(X, W, Add, Mul, Fma, Neg, Max, IsNan, Sum, RowMax, RowMin, N: tl.constexpr):
+        r = tl.arange(0, N)
+        tile = r[:, None] * N + r[None, :]
+        x = tl.load(X + tile)
+        w = tl.load(W + tile)
+        tl.store(Add + tile, x + w)
+        tl.store(Mul + tile, x * w)
+        tl.store(Fma + tile, tl.fma(x, w, x))
+        tl.store(Neg + tile, -x)
+        tl.store(Max + tile, tl.maximum(x, w))
+        tl.store(IsNan + tile, (x != x).to(tl.int8))
+        tl.store(Sum + r, tl.sum(x, 1))
+        tl.store(RowMax + r, tl.max(x, 1))
+        tl.store(RowMin + r, tl.min(x, 1))
+
+    n = 16
+    x, w = (torch.randn(n, n) * 3 - 1).bfloat16(), torch.randn(n, n).bfloat16()
+    x[3, 5] = float("nan")
+    outs = [torch.empty(n, n, dtype=torch.bfloat16) for _ in range(5)] + [torch.empty(n, n, dtype=torch.int8)] + \
+        [torch.empty(n, dtype=torch.bfloat16) for _ in range(3)]
+    math[(1,)](x, w, *outs, n)
+    add, mul, fma, neg, mx, isnan, row_sum, row_max, row_min = outs
+    xf, wf = x.float(), w.float()
+    for got, want in ((add, xf + wf), (mul, xf * wf), (fma, (xf * wf + xf)), (neg, -xf), (mx, torch.fmax(xf, wf))):
+        assert torch.equal(got.float().nan_to_num(7.0), want.bfloat16().float().nan_to_num(7.0))
+    assert torch.equal(isnan.bool(), x.isnan())
+    rows = torch.arange(n) != 3  # (the NaN's row: GPUs' max and min may drop a NaN; tl.maximum is maxnum)
+    assert torch.equal(row_max[rows], x.amax(1)[rows]) and torch.equal(row_min[rows], x.amin(1)[rows])
+    assert (row_sum.float() - xf.sum(1))[rows].abs().max().item() <= 2 ** -8 * xf[rows].abs().sum(1).max().item()
+
+
+@interpreter_only
 def test_bf16_rotary_matches_float64():
     from fa_amd.kernels.rotary import apply_rotary_emb
 
