@@ -444,7 +444,10 @@ def _decode_bounds(mask: torch.Tensor):
     length = keep.shape[1]
     index = torch.arange(1, length + 1, device=keep.device, dtype=torch.int32)
     end = (keep * index).amax(-1).to(torch.int32)
-    start = torch.minimum(torch.where(keep, index - 1, length).amin(-1).to(torch.int32), end)
+    # first kept key = length - max over kept keys of (length - key): int32 products and max only (a
+    # where(keep, index - 1, length).amin() made inductor's reduction carry int32 into an int64 loop value,
+    # which Triton refuses to compile: generate() with a static cache under torch.compile, torch 2.11)
+    start = torch.minimum(length - (keep * index.flip(0)).amax(-1).to(torch.int32), end)
     hole_free = memo_per_tensor(mask, _FILL_MASK, lambda _: False)
     return start, end, None if hole_free else keep.to(torch.uint8)  # (a bool view does not lower in inductor)
 
