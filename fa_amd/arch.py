@@ -234,8 +234,9 @@ def _fix_interpreter_rounding() -> None:
         target = _INTERPRETER_CASTS.get(target_name)
         if target is None or source not in ("fp32", "fp16", "bf16") or source == target_name or rounding_mode == rtz:
             return original(input, input_dtype, output_dtype, rounding_mode)
-        bits = np.uint16 if target == "bfloat16" else np.uint8
-        return float_values(input, source).to(getattr(torch, target)).view(getattr(torch, bits.__name__)).numpy() \
+        # (through int16 / uint8: torch's uint16 has no numpy() in older releases)
+        signed, unsigned = (torch.int16, np.uint16) if target == "bfloat16" else (torch.uint8, np.uint8)
+        return float_values(input, source).to(getattr(torch, target)).view(signed).numpy().view(unsigned) \
             .reshape(input.shape)
 
     convert_float._fa_amd_rounding = True
