@@ -70,6 +70,7 @@ DECODE_MAX_QUERY_LEN = 16
 _PAGED_BOOKKEEPING = ("read_index", "write_index", "logits_indices", "logits_processor_args")
 # a decode-only batch's pages, for the kernel to append the new tokens into and attend over
 _PAGED_DECODE = ("block_table", "k_cache", "v_cache")
+_PAGED_NAMES = frozenset(_PAGED_BOOKKEEPING + _PAGED_DECODE)
 
 _warned = set()
 
@@ -314,7 +315,9 @@ def fa_amd_attention_forward(
     cache = kwargs.pop("cache", None)
     # continuous batching: a paged cache that the attention updates itself (`cache`, Transformers <= 5.17),
     # or one the attention module updated before calling (its bookkeeping kwargs, later versions)
-    if cache is not None or any(kwargs.get(name) is not None for name in _PAGED_BOOKKEEPING + _PAGED_DECODE):
+    # (a set test first: the common call has none of these names, and decode calls are host-bound)
+    if cache is not None or (not _PAGED_NAMES.isdisjoint(kwargs)
+                             and any(kwargs.get(name) is not None for name in _PAGED_NAMES)):
         return _paged_cache_attention(module, query, key, value, attention_mask, cache, scaling, sliding_window,
                                       softcap, is_causal, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k,
                                       kwargs, sink_kwargs)
