@@ -143,9 +143,18 @@ def _fix_interpreter_bf16_math() -> bool:
     def bf16_safe_create_dot(self, a, b, *args, **kwargs):
         return create_dot(self, widen(a), widen(b), *args, **kwargs)
 
+    cast_impl = InterpreterBuilder.cast_impl
+
+    def bf16_safe_cast_impl(self, src, dst_type):
+        # an int (or fp16) -> bf16 cast wrote the value's numpy cast to uint16 as bf16 bits: go through fp32
+        if dst_type.scalar == tl.bfloat16 and src.dtype.scalar not in (tl.float32, tl.bfloat16):
+            return narrow(cast_impl(self, src, tl.float32))
+        return cast_impl(self, src, dst_type)
+
     for name in ("binary_op", "unary_op", "ternary_op", "create_fma"):
         setattr(InterpreterBuilder, name, elementwise(getattr(InterpreterBuilder, name)))
     _fix_interpreter_bf16_reductions(np, tl, widen, narrow)
+    InterpreterBuilder.cast_impl = bf16_safe_cast_impl
     bf16_safe_create_dot.fa_amd_bf16 = True
     InterpreterBuilder.create_dot = bf16_safe_create_dot
     return True

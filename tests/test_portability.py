@@ -70,28 +70,31 @@ def test_bf16_return_attn_probs_matches_float64():
 
 @interpreter_only
 def test_interpreter_rounds_to_bf16_like_a_gpu():
-    """fp32 -> bf16 (and fp16 -> bf16, bf16 -> fp32) casts in a kernel on the interpreter equal torch's round
+    """fp32 -> bf16 (and fp16 / int32 -> bf16, bf16 -> fp32) casts in a kernel on the interpreter equal torch's round
     to nearest even bit for bit: near the top of a binade, on ties, on subnormals and specials, and on fresh
     random values (triton 3.9's interpreter truncates: 1.999 -> 1.9921875; arch._fix_interpreter_rounding)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def casts(X, X16, Y, Y16, Z, N: tl.constexpr):
+    def casts(X, X16, I, Y, Y16, YI, Z, N: tl.constexpr):
         offs = tl.arange(0, N)
         tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
         tl.store(Y16 + offs, tl.load(X16 + offs).to(tl.bfloat16))
+        tl.store(YI + offs, tl.load(I + offs).to(tl.bfloat16))
         tl.store(Z + offs, tl.load(Y + offs).to(tl.float32))
 
     special = torch.tensor([1.999, 3.999, -7.99, 0.99999, 1.00390625, 1.01171875, 1.01953125, 2.0 ** -130, -1e-40,
                             3.4e38, float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 65504.0])
     x = torch.cat([special, torch.randn(1024 - special.numel()) * 4.0 ** torch.randint(-8, 8, (1024 - 16,))])
     x16 = torch.randn(1024).half()
-    y, y16 = torch.empty(1024, dtype=torch.bfloat16), torch.empty(1024, dtype=torch.bfloat16)
+    ints = torch.randint(-70000, 70000, (1024,), dtype=torch.int32)
+    y, y16, yi = (torch.empty(1024, dtype=torch.bfloat16) for _ in range(3))
     z = torch.empty(1024)
-    casts[(1,)](x, x16, y, y16, z, 1024)
+    casts[(1,)](x, x16, ints, y, y16, yi, z, 1024)
     assert torch.equal(y.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(y16.view(torch.int16), x16.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(yi.view(torch.int16), ints.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(z.view(torch.int32), y.float().view(torch.int32))
 
 
