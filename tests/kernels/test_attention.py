@@ -271,7 +271,8 @@ def test_token_stride_past_int32_offsets_is_copied(device):
     # wrap, so q is copied on the way in and dout in backward, with a warning
     # the same draw whatever ran before in this worker: on a 3-key fp16 backward the max-error statistic
     # swings from draw to draw (5 of seeds 0-39 put dq / dk past 2x PyTorch's own error, at d843362 as
-    # after it; docs/TUNING_NOTES.md "Open", the 2-5-key rows); this test is about the int32 offsets
+    # after it: delta from the rounded O and dS rounded for the dots, as in FA2; docs/TUNING_NOTES.md v21);
+    # this test is about the int32 offsets
     torch.manual_seed(0)
     b, s, h, d = 1, 3, 2, 16
     row_stride = 2 ** 30 + 7  # (s - 1) * row_stride > 2**31
