@@ -104,6 +104,22 @@ def check_triton_floor(arch: "Arch") -> None:
 INTERPRETER_BF16_DOT = False
 
 
+def _bf16_bits_to_fp32(bits):
+    """numpy bf16 bit patterns (uint16, any shape) -> their float32 values (exact: the bits shifted up)."""
+    import numpy as np
+
+    return (np.ascontiguousarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(np.shape(bits))
+
+
+def _fp32_to_bf16_bits(values):
+    """numpy float32 values -> bf16 bit patterns (uint16), rounded to nearest even by torch's cast (through
+    int16: torch's uint16 has no numpy() in older releases)."""
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(torch.bfloat16).view(torch.int16) \
+        .numpy().view(np.uint16).reshape(np.shape(values))
+
+
 def _fix_interpreter_bf16_math() -> bool:
     try:
         import numpy as np
@@ -118,15 +134,11 @@ def _fix_interpreter_bf16_math() -> bool:
         return getattr(h.dtype, "scalar", h.dtype) == tl.bfloat16 and getattr(h.data, "dtype", None) == np.uint16
 
     def widen(h):
-        if not is_bf16_bits(h):
-            return h
-        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        return TensorHandle(_bf16_bits_to_fp32(h.data), tl.float32) if is_bf16_bits(h) else h
 
     def narrow(h):  # an fp32 result back to bf16 bits, rounded to nearest even
-        if getattr(h.data, "dtype", None) != np.float32:
-            return h
-        bits = torch.from_numpy(np.ascontiguousarray(h.data)).to(torch.bfloat16).view(torch.int16).numpy()
-        return TensorHandle(bits.view(np.uint16).reshape(h.data.shape), tl.bfloat16)
+        return TensorHandle(_fp32_to_bf16_bits(h.data), tl.bfloat16) if getattr(h.data, "dtype", None) == np.float32 \
+            else h
 
     def elementwise(method):
         def patched(self, *args):
@@ -230,23 +242,21 @@ def _fix_interpreter_rounding() -> None:
     rtz = getattr(getattr(getattr(interpreter, "_ir", None), "ROUNDING_MODE", None), "RTZ", object())
 
     def float_values(input, source):
-        if source == "bf16":  # stored as uint16: widen the bits to float32 (exact)
-            return torch.from_numpy((np.ascontiguousarray(input).view(np.uint16).astype(np.uint32) << 16)
-                                    .view(np.float32))
+        if source == "bf16":  # stored as uint16
+            return torch.from_numpy(_bf16_bits_to_fp32(input))
         return torch.from_numpy(np.ascontiguousarray(input).view(np.float32 if source == "fp32" else np.float16))
 
     def convert_float(input, input_dtype, output_dtype, rounding_mode):
         target_name = getattr(output_dtype, "name", "")
         source = getattr(input_dtype, "name", "")
         if source == "bf16" and target_name == "fp32":
-            return float_values(input, source).numpy().reshape(input.shape)
+            return _bf16_bits_to_fp32(input)
         target = _INTERPRETER_CASTS.get(target_name)
         if target is None or source not in ("fp32", "fp16", "bf16") or source == target_name or rounding_mode == rtz:
             return original(input, input_dtype, output_dtype, rounding_mode)
-        # (through int16 / uint8: torch's uint16 has no numpy() in older releases)
-        signed, unsigned = (torch.int16, np.uint16) if target == "bfloat16" else (torch.uint8, np.uint8)
-        return float_values(input, source).to(getattr(torch, target)).view(signed).numpy().view(unsigned) \
-            .reshape(input.shape)
+        if target == "bfloat16":
+            return _fp32_to_bf16_bits(float_values(input, source).float().numpy())
+        return float_values(input, source).to(getattr(torch, target)).view(torch.uint8).numpy().reshape(input.shape)
 
     convert_float._fa_amd_rounding = True
     interpreter._convert_float = convert_float

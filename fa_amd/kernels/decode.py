@@ -688,6 +688,15 @@ _PLANS = {}
 _MAX_PLANS = 256
 
 
+def _remember(memo: dict, key, value):
+    """memo[key] = value in one of the plan memos (_PLANS, _RESIZABLE), which hold at most _MAX_PLANS entries
+    (a full one starts over); returns value."""
+    if len(memo) >= _MAX_PLANS:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlens_q, cache_seqlens, cu_seqlens_k,
                     seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
                     alibi_slopes):
@@ -786,11 +795,7 @@ def _resized_plan(structure, sized, q, window_left, num_splits, plan_key):
     replays = dict(plan.replays)
     if "decode" in replays:
         replays["decode"] = replays["decode"].patched(sized)
-    plan = plan._replace(ints=ints, replays=replays)
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[plan_key] = plan
-    return plan
+    return _remember(_PLANS, plan_key, plan._replace(ints=ints, replays=replays))
 
 
 # (device index, stream, lse shape, partial shapes) -> the scratch buffers that planned decode launches of those
@@ -1021,18 +1026,14 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         out.masked_fill_(tail[:, None, None], 0.0)
         lse.masked_fill_(tail[None, :], float("-inf"))
     if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
         launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale", "SplitCounters")}
         launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],
                              **{k_: v_ for k_, v_ in fitted.items() if k_ not in ("BLOCK_M", "BLOCK_N")})
-        plan = _PLANS[plan_key] = _DecodePlan(
+        plan = _remember(_PLANS, plan_key, _DecodePlan(
             tuple(out.shape), out.dtype, tuple(lse.shape),
             (tuple(out_part.shape), tuple(lse_part.shape)) if split else None,
-            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {})
+            (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {}))
         if structure is not None:  # (sized: computed for the _resized_plan that missed)
-            if len(_RESIZABLE) >= _MAX_PLANS:
-                _RESIZABLE.clear()
-            _RESIZABLE[_resizable_key(structure, sized, window_left)] = _Resizable(
-                plan, policy, batch * hk * n_m_tiles, cfg["BLOCK_N"])
+            _remember(_RESIZABLE, _resizable_key(structure, sized, window_left),
+                      _Resizable(plan, policy, batch * hk * n_m_tiles, cfg["BLOCK_N"]))
     return out, (lse if need_lse else None)

@@ -292,7 +292,8 @@ class CompiledLaunch:
         params = kernel.params
         values = list(args) + [kwargs[p.name] if p.name in kwargs else p.default for p in params[len(args):]]
         keep = list(range(len(params)))
-        if resolve_entry(tables.COMPILED_LAUNCH)["args"] == "runtime":
+        how = resolve_entry(tables.COMPILED_LAUNCH)  # (this Triton's launcher: arguments, hooks)
+        if how["args"] == "runtime":
             keep = [i for i in keep if not params[i].is_constexpr]
         self.index = index = {params[i].name: j for j, i in enumerate(keep)}
         self.values = [values[i] for i in keep]
@@ -301,7 +302,7 @@ class CompiledLaunch:
         self.runner = compiled[grid]  # (initialises the kernel's handles)
         # the launcher's own leading arguments, as the runner passes them (launch_metadata and hooks None)
         self.direct = (compiled.run, grid[0], grid[1], grid[2], compiled.function, compiled.packed_metadata)
-        self.hooks = _hooks_home(resolve_entry(tables.COMPILED_LAUNCH)["hooks"])
+        self.hooks = _hooks_home(how["hooks"])
         self.hip = hip
         self.checked = tuple(i for i, name in enumerate(tensor_params) if name not in fixed)
         self.signature = self._signature([self.values[self.slots[i]] for i in self.checked])
