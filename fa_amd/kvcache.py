@@ -329,7 +329,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             and type(window_size) is tuple and not torch.compiler.is_compiling()):
         plain_key = _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
                                     window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse)
-        checked = _CHECKED_PLAIN_CALLS.get(plain_key)
+        try:
+            checked = _CHECKED_PLAIN_CALLS.get(plain_key)
+        except TypeError:  # an unhashable argument (a list, an array): the checks below name it
+            plain_key = checked = None
         if checked is not None:  # this call's structure passed every check below before
             return _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits,
                                return_softmax_lse, *checked)
@@ -404,13 +407,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         append = _append_op if torch.compiler.is_compiling() else _append
         append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
                rotary_sin, rotary_interleaved, *((descale,) if fp8 else ()))
-    local = tuple(window_size) != (-1, -1)
     out, lse = decode_attention(
         q, k_cache, v_cache, scale, left, right, softcap, alibi_slopes,
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_per_token=bool(causal or local), num_splits=num_splits, sinks=sinks, descale=descale,
+        rotary_per_token=_rotary_per_token(causal, window_size, capacity), num_splits=num_splits, sinks=sinks,
+        descale=descale,
         out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None,
         need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
@@ -443,6 +446,13 @@ def _decode_plan_key(plain_key):
     return plain_key, tables.DECODE_FUSED_MERGE_FAMILIES
 
 
+def _rotary_per_token(causal, window_size, capacity):
+    """Whether q token i is rotated at cache_seqlens + i (else every q token at cache_seqlens): causal or
+    local calls, where, as flash-attn decides it, a window entry >= the cache's capacity bounds nothing."""
+    left, right = window_size
+    return bool(causal or 0 <= left < capacity or 0 <= right < capacity)
+
+
 def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse,
                 capacity, scale, left, right, softcap, window_size):
     """flash_attn_with_kvcache's plain call whose structure was checked before (see _CHECKED_PLAIN_CALLS):
@@ -459,7 +469,7 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
     out, lse = decode_attention(
         _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
         cache_seqlens_int=cache_seqlens_int, block_table=block_table,
-        rotary_per_token=bool(causal or window_size != (-1, -1)), num_splits=num_splits,
+        rotary_per_token=_rotary_per_token(causal, window_size, capacity), num_splits=num_splits,
         plan_key=_decode_plan_key(plain_key), need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
@@ -504,6 +514,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
     and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
     Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel.
+    return_attn_probs: (out, softmax_lse (nheads, total_q), an empty S_dmask), as flash-attn returns
+    without dropout.
     FP8 k/v pages (fa_amd.fp8.descaled_attention routes FP8 calls here) with their descales
     (batch, nheads_k): as flash_attn_with_kvcache's FP8 cache (fa_amd.fp8.kvcache_fp8_args)."""
     paged = block_table is not None
@@ -540,8 +552,6 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0 with block_table/seqused_k (that path is forward-only "
                          f"inference), got {dropout_p!r}")
-    if return_attn_probs:
-        raise ValueError("return_attn_probs=True is not supported with block_table/seqused_k")
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
     _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v)
@@ -584,5 +594,9 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                                 seqused_k=seqused_k, block_table=block_table, sinks=sinks, descale=descale,
-                                out_dtype=out_dtype, need_lse=False)
+                                out_dtype=out_dtype, need_lse=bool(return_attn_probs))
+    if return_attn_probs:
+        # (out, softmax_lse (nheads, total_q), S_dmask) as flash-attn >= 2.6 returns with dropout_p == 0: its
+        # S_dmask is then empty (the probabilities are not materialised on this inference path)
+        return out, lse, q.new_empty((0,), dtype=out.dtype)
     return out

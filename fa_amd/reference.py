@@ -125,7 +125,7 @@ def attention_kvcache_ref(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=Non
     cache_seqlens + i and rounded to the cache dtype, v copied).  Sequence b then attends keys
     [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of its cache row (cache_batch_idx) or pages
     (block_table), causal bottom-right aligned over those keys; q is rotated at cache_seqlens + i
-    when causal or local, else at cache_seqlens."""
+    when causal or local (a window entry below the capacity), else at cache_seqlens."""
     batch, seqlen_q = q.shape[:2]
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     if cache_seqlens is None:
@@ -136,7 +136,8 @@ def attention_kvcache_ref(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=Non
         seqlens = [int(x) for x in cache_seqlens.tolist()]
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     seqlen_new = 0 if k is None else k.shape[1]
-    local = tuple(window_size) != (-1, -1)
+    # flash-attn: a window entry >= the cache's capacity bounds nothing, so it does not make the call local
+    local = any(0 <= w < capacity for w in window_size)
     positions = torch.tensor(seqlens, device=q.device)[:, None] + torch.arange(seqlen_q, device=q.device)[None, :]
     if rotary_cos is not None:
         if not (causal or local):

@@ -214,7 +214,9 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if MASK:
-            v = tl.load(v_ptrs, mask=(cols[:, None] < k_end) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            # slots before cache_leftpad are not the sequence's (uninitialised memory, maybe NaN): not read
+            in_seq = (cols[:, None] < k_end) & (cols[:, None] >= k_lo)
+            v = tl.load(v_ptrs, mask=in_seq & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif D_PAD != HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:

@@ -245,6 +245,76 @@ def test_varlen_seqused_k(device, paged):
     assert_close_to_ref("out", out, ref64, ref_lp, dtype)
 
 
+@pytest.mark.parametrize("page,splits", [(None, 1), (None, 3), (16, 2)])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_slots_before_cache_leftpad_are_never_read(device, page, splits, poison):
+    # memory before cache_leftpad is not the sequence's (an uninitialised cache may hold NaN or inf there):
+    # like flash-attn, the output ignores it, also in the key block that holds the leftpad boundary
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, page=page, cache=48, new=1, causal=True, sq=2, seed=11,
+                                                 fixed_lens=[30, 40])
+    kw["cache_leftpad"] = _i32(device, 5, 23)
+    for b, pad in enumerate(kw["cache_leftpad"].tolist()):
+        for pos in range(pad):
+            if page:
+                row, slot = int(kw["block_table"][b, pos // page]), pos % page
+            else:
+                row, slot = b, pos
+            k_cache[row, slot] = poison
+            v_cache[row, slot] = poison
+    ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, num_splits=splits, **kw)
+    assert torch.isfinite(out).all()
+    assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("cache_seqlens", [3, 10], "cache_seqlens"), ("block_table", [[0, 1], [2, 3]], "block_table"),
+    ("softmax_scale", [0.1], "softmax_scale"), ("softcap", [1.0], "softcap"), ("k_cache", "numpy", "k_cache")])
+def test_unhashable_arguments_of_a_plain_call_name_the_argument(device, name, value, match):
+    # a plain call (no append, rotary, index tensors) first looks its structure up in a memo: an argument
+    # that cannot be hashed must still reach the checks that name it
+    q, k_cache, v_cache, _, _, kw, _ = make_case(device, cache=32)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=kw["cache_seqlens"])
+    args[name] = k_cache.cpu().numpy() if value == "numpy" else value
+    with pytest.raises((TypeError, ValueError), match=match):
+        fa_amd.flash_attn_with_kvcache(**args)
+
+
+def test_window_past_the_cache_does_not_make_rotary_per_token(device):
+    # flash-attn: window entries >= the cache's capacity bound nothing, so a non-causal call with them is not
+    # local, and all of q sits at cache_seqlens for rotary, as with window (-1, -1)
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, cache=32, sq=3, new=2, rot=1.0, seed=2)
+    outs = []
+    for window in ((-1, -1), (32, 1000), (-1, 40)):
+        kw["window_size"] = window
+        outs.append(fa_amd.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, **kw))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    kw["window_size"] = (31, -1)  # a window inside the cache is local: q token i at cache_seqlens + i
+    ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, **kw)
+    assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+    assert not torch.equal(out, outs[0])
+
+
+def test_varlen_block_table_returns_the_lse(device):
+    # flash-attn >= 2.6 returns (out, softmax_lse, S_dmask) from a paged varlen call with return_attn_probs; S_dmask
+    # is empty without dropout
+    torch.manual_seed(3)
+    lens_q, lens_k = [2, 0, 5], [17, 4, 40]
+    q, k_pages, v_pages, table, cu_q, cu_k = paged_varlen_inputs(device, lens_q, lens_k, 4, 2, 32, torch.float16, 16, 1)
+    out, lse, s_dmask = fa_amd.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                      causal=True, block_table=table, return_attn_probs=True)
+    ref64, lse64 = attention_paged_varlen_ref(q, k_pages, v_pages, cu_q, cu_k, table, causal=True)
+    ref_lp, _ = attention_paged_varlen_ref(q, k_pages, v_pages, cu_q, cu_k, table, causal=True, upcast=False)
+    assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+    assert lse.shape == (4, sum(lens_q)) and lse.dtype == torch.float32 and s_dmask.numel() == 0
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse64))
+    live = torch.isfinite(lse64)
+    assert (lse.double()[live] - lse64[live]).abs().max().item() < 1e-3 * max(1.0, lse64[live].abs().max().item())
+
+
 # --------------------------------------------------------------------------- split heuristic, compile
 
 def test_split_heuristic_fills_the_gpu_and_respects_limits():
