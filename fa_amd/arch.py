@@ -228,6 +228,18 @@ if INTERPRET and not LATE_INTERPRET:
 # -> torch dtype name.
 _INTERPRETER_CASTS = {"bf16": "bfloat16", "fp8e4nv": "float8_e4m3fn", "fp8e4b8": "float8_e4m3fnuz",
                       "fp8e5": "float8_e5m2", "fp8e5b16": "float8_e5m2fnuz"}
+# The upcasts too: its FP8 -> wider conversion (also what an FP8 tl.dot's operands go through: fp8 -> fp16)
+# decodes every exponent-all-ones byte as a finite number (e4m3fn NaN 0x7F -> 480.0, e5m2 NaN -> 114688.0,
+# e5m2 inf -> 65536.0), so a NaN stored in an FP8 tensor vanished on the CPU (a GPU keeps it).  FP8 sources
+# (and FP8 -> FP8 casts) go through torch's conversion of the same bytes: exact, NaN and inf kept.  Triton
+# type name -> (torch dtype, the torch and numpy integer types of its bits) of the wider targets.
+_INTERPRETER_WIDE = {"fp16": ("float16", "int16", "uint16"), "bf16": ("bfloat16", "int16", "uint16"),
+                     "fp32": ("float32", "int32", "uint32"), "fp64": ("float64", "int64", "uint64")}
+
+
+def _interpreter_fp8(name: str):
+    """The torch dtype of a Triton FP8 type name (None: not an FP8 type torch has)."""
+    return getattr(torch, _INTERPRETER_CASTS[name], None) if name in _INTERPRETER_CASTS and name != "bf16" else None
 
 
 def _fix_interpreter_rounding() -> None:
@@ -246,11 +258,25 @@ def _fix_interpreter_rounding() -> None:
             return torch.from_numpy(_bf16_bits_to_fp32(input))
         return torch.from_numpy(np.ascontiguousarray(input).view(np.float32 if source == "fp32" else np.float16))
 
+    def fp8_upcast(input, fp8, target_name):
+        """FP8 bits (of torch dtype fp8) -> the target's bits, input's shape, by torch's conversion."""
+        values = torch.from_numpy(np.ascontiguousarray(input).view(np.uint8)).view(fp8)
+        if target_name in _INTERPRETER_WIDE:
+            wide, bits, np_bits = _INTERPRETER_WIDE[target_name]
+            out = values.to(getattr(torch, wide)).view(getattr(torch, bits)).numpy().view(np_bits)
+        else:  # FP8 -> FP8: through fp32 (exact), then torch's round to nearest even
+            out = values.float().to(_interpreter_fp8(target_name)).view(torch.uint8).numpy()
+        return out.reshape(np.shape(input))
+
     def convert_float(input, input_dtype, output_dtype, rounding_mode):
         target_name = getattr(output_dtype, "name", "")
         source = getattr(input_dtype, "name", "")
         if source == "bf16" and target_name == "fp32":
             return _bf16_bits_to_fp32(input)
+        fp8 = _interpreter_fp8(source)
+        if fp8 is not None and (target_name in _INTERPRETER_WIDE or (
+                _interpreter_fp8(target_name) is not None and target_name != source and rounding_mode != rtz)):
+            return fp8_upcast(input, fp8, target_name)
         target = _INTERPRETER_CASTS.get(target_name)
         if target is None or source not in ("fp32", "fp16", "bf16") or source == target_name or rounding_mode == rtz:
             return original(input, input_dtype, output_dtype, rounding_mode)

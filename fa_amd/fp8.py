@@ -9,7 +9,7 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
   arch has: tables.FP8_DTYPES) and keyword-only `q_descale`, `k_descale`, `v_descale`
   (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale; descales
   must be > 0, as reciprocal scales are), and `out_dtype` (bfloat16 by default; float16
-  or float32).  Forward only, like FA3's FP8: FP8 inputs that require grad raise.
+  or float32).  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
   nheads_k, d, seqlen) tensor is used as it is.
@@ -21,7 +21,14 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
   of their high-precision siblings, quantised inside to the arch's FP8 type with one
   amax scale per (sequence, head) (`quantize_fp8`: two Triton passes, kernels/quantize.py,
   writing V straight into the layout the forward reads), output in the inputs' dtype, and
-  differentiable.
+  differentiable.  NaN and +-inf inputs become the FP8 type's NaN and take no part in the
+  scale (kernels/quantize.py), so they poison only the attention rows that use them.
+
+torch.compile: as in fa_amd.ops, eager calls run the launchers (FP8Attention) and traced code one
+custom op per step, each with a fake implementation: fa_amd::attention_fwd_fp8_quantized (the
+quantising forward; its backward is fa_amd::attention_bwd), fa_amd::attention_fwd_fp8 (the FA3-style
+forward), fa_amd::quantize_fp8 and fa_amd::fp8_token_major_copy (quantize_fp8 and token_major_copy
+called in traced code).  The tracer cannot run a Triton launch itself.
 
 Backward of the quantising functions: the gradients with respect to the high-precision
 inputs are computed by the existing backward kernels, in the inputs' precision, from the
@@ -119,6 +126,10 @@ def _check_descale(name: str, x, batch: int, nheads_k: int, q: Tensor) -> Tensor
         raise ValueError(f"{name} must have shape (batch, nheads_k) = ({batch}, {nheads_k}), got {tuple(x.shape)}")
     if x.device != q.device:
         raise ValueError(f"{name} is on {x.device} but q is on {q.device}; all inputs must share one device")
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, but FP8 attention is forward-only (no gradient flows to the "
+                         f"descales, as in FA3); detach {name}, or train through flash_attn_fp8_func (quantised "
+                         f"inside, differentiable in q, k, v)")
     return x
 
 
@@ -220,11 +231,13 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
 def quantize_fp8(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor] = None,
                  token_major: bool = False, max_seqlen: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """(x8, descale): x (batch, seqlen, nheads, d), or (total, nheads, d) with cu_seqlens, scaled per
-    (sequence, head) so its largest magnitude maps to the fp8 type's max: x8 = fp8(clamp(x * scale)),
-    scale = fp8_max / amax, descale = amax / fp8_max (1 for all-zero or empty heads); descale is
-    fp32 (batch, nheads).  token_major (dense only): x8 is laid out token-major per head
+    (sequence, head) so its largest finite magnitude maps to the fp8 type's max: x8 = fp8(clamp(x *
+    scale)), scale = fp8_max / amax, descale = amax / fp8_max (1 for all-zero, all-non-finite or empty
+    heads); NaN and +-inf in x become the fp8 type's NaN (kernels/quantize.py has the whole rule);
+    descale is fp32 (batch, nheads).  token_major (dense only): x8 is laid out token-major per head
     (token_major_empty), as the forward reads V on tables.FP8_V_TOKEN_MAJOR families.  Two Triton
-    passes over x (kernels/quantize.py); max_seqlen (varlen, optional) only sizes their grid."""
+    passes over x (kernels/quantize.py); max_seqlen (varlen, optional) only sizes their grid.  Under
+    torch.compile the passes run as one custom op (fa_amd::quantize_fp8, with a fake implementation)."""
     if not is_fp8_dtype(fp8_dtype):
         raise TypeError(f"fp8_dtype must be a torch FP8 dtype, got {fp8_dtype}")
     # the interpreter converts to every FP8 type; a GPU's compiler only to its own (sm90 cannot build
@@ -232,15 +245,55 @@ def quantize_fp8(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor]
     if x.device.type != "cpu" and fp8_dtype not in fp8_dtypes(x):
         raise TypeError(f"fp8_dtype {fp8_dtype} is not an FP8 type of {arch_for(x).name}; its FP8 types are "
                         f"{', '.join(str(d) for d in fp8_dtypes(x))}")
+    token_major = token_major and cu_seqlens is None
+    if torch.compiler.is_compiling():  # one opaque node for the tracer (it cannot run Triton launches)
+        x8, descale = torch.ops.fa_amd.quantize_fp8(x.detach(), fp8_dtype, cu_seqlens, max_seqlen, token_major)
+        return (_token_major_view(x8, x.shape[1]) if token_major else x8), descale
+    return _quantize(x, fp8_dtype, cu_seqlens, max_seqlen, token_major)
+
+
+def _quantize(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+              token_major: bool, storage: bool = False) -> Tuple[Tensor, Tensor]:
+    """quantize_fp8's launches (arguments checked; token_major only for dense x); storage: a token-major
+    x8 as its padded storage (_token_major_storage)."""
     x = x.detach()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if token_major and cu_seqlens is None:
-        x8 = token_major_empty(x.shape, fp8_dtype, x.device)
+    if token_major:
+        base = _token_major_storage(x.shape, fp8_dtype, x.device)
+        x8 = _token_major_view(base, x.shape[1])
     else:
-        x8 = new_output(x, x.shape, fp8_dtype)
+        base = x8 = new_output(x, x.shape, fp8_dtype)
     descale = quantize_into(x, x8, torch.finfo(fp8_dtype).max, cu_seqlens, max_seqlen)
-    return x8, descale
+    return (base if storage else x8), descale
+
+
+@torch.library.custom_op("fa_amd::quantize_fp8", mutates_args=())
+def quantize_fp8_op(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+                    token_major: bool) -> Tuple[Tensor, Tensor]:
+    """quantize_fp8 for traced code: (x8, descale), x8 with token_major the padded storage
+    (_token_major_storage; quantize_fp8 takes the view: an op's output may not be a view)."""
+    return _quantize(x, fp8_dtype, cu_seqlens, max_seqlen, token_major, storage=True)
+
+
+@quantize_fp8_op.register_fake
+def _quantize_fp8_fake(x, fp8_dtype, cu_seqlens, max_seqlen, token_major):
+    batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else x.shape[0]
+    descale = x.new_empty((batch, x.shape[-2]), dtype=torch.float32)
+    if token_major:
+        return _token_major_storage(x.shape, fp8_dtype, x.device, fake=True), descale
+    return x.new_empty(x.shape, dtype=fp8_dtype), descale
+
+
+@torch.library.custom_op("fa_amd::fp8_token_major_copy", mutates_args=())
+def token_major_copy_op(v: Tensor) -> Tensor:
+    """token_major_copy for traced code: the padded storage (quantize_fp8_op)."""
+    return _token_major_copy(v, storage=True)
+
+
+@token_major_copy_op.register_fake
+def _token_major_copy_fake(v):
+    return _token_major_storage(v.shape, v.dtype, v.device, fake=True)
 
 
 _TOKEN_MAJOR_ALIGN = 16  # elements: the token stride of a token-major copy's rows (16 B for fp8 loads)
@@ -250,26 +303,46 @@ def _padded_tokens(n_tokens: int) -> int:
     return -(-n_tokens // _TOKEN_MAJOR_ALIGN) * _TOKEN_MAJOR_ALIGN
 
 
+def _token_major_storage(shape, dtype: torch.dtype, device, fake: bool = False) -> Tensor:
+    """token_major_empty's storage: (batch, nheads, d, seqlen padded to a multiple of 16), its padding zero
+    (fake: only the tensor, for the custom ops' fake implementations)."""
+    batch, seqlen, nheads, d = shape
+    storage = torch.empty(batch, nheads, d, _padded_tokens(seqlen), dtype=dtype, device=device)
+    if not fake:
+        if _launch.POISON_OUTPUTS:  # (tests: unwritten values show as NaN)
+            storage.fill_(float("nan"))
+        storage[..., seqlen:].zero_()
+    return storage
+
+
+def _token_major_view(storage: Tensor, seqlen) -> Tensor:
+    """The (batch, seqlen, nheads, d) view of a token-major storage."""
+    return storage[..., :seqlen].permute(0, 3, 1, 2)
+
+
 def token_major_empty(shape, dtype: torch.dtype, device) -> Tensor:
     """A tensor of the dense V shape (batch, seqlen, nheads, d) stored token-major per head: storage
     (batch, nheads, d, seqlen padded to a multiple of 16), its values unset and its padding zero.  The
     forward's masked V tiles read whole padded rows (kernels/forward.py, v_len): the padding must be
     finite, as P is 0 there."""
-    batch, seqlen, nheads, d = shape
-    storage = torch.empty(batch, nheads, d, _padded_tokens(seqlen), dtype=dtype, device=device)
-    if _launch.POISON_OUTPUTS:  # (tests: unwritten values show as NaN)
-        storage.fill_(float("nan"))
-    storage[..., seqlen:].zero_()
-    return storage[..., :seqlen].permute(0, 3, 1, 2)
+    return _token_major_view(_token_major_storage(shape, dtype, device), shape[1])
 
 
 def token_major_copy(v: Tensor) -> Tensor:
     """An FP8 V (batch, seqlen, nheads, d) copied token-major (token_major_empty) by the quantiser's
-    cast kernel run unscaled (one read, one write; its tiles transpose in shared memory)."""
-    out = token_major_empty(v.shape, v.dtype, v.device)
+    cast kernel run unscaled (one read, one write; its tiles transpose in shared memory); under
+    torch.compile one custom op (fa_amd::fp8_token_major_copy)."""
+    if torch.compiler.is_compiling():
+        return _token_major_view(torch.ops.fa_amd.fp8_token_major_copy(v), v.shape[1])
+    return _token_major_copy(v)
+
+
+def _token_major_copy(v: Tensor, storage: bool = False) -> Tensor:
+    base = _token_major_storage(v.shape, v.dtype, v.device)
+    out = _token_major_view(base, v.shape[1])
     if v.numel():
         quantize_into(v if v.stride(-1) == 1 else v.contiguous(), out, 0.0, scaled=False)
-    return out
+    return base if storage else out
 
 
 def _token_major(arch, varlen: bool, seqlen_k: int, head_dim: int) -> bool:
@@ -387,13 +460,15 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                        window_left, window_right, softcap, alibi_slopes, rng_state, return_probs):
     """Quantise q, k, v per (sequence, head) to the arch's FP8 type and run the FP8 forward;
-    (out in q's dtype, lse, probs)."""
+    (out in q's dtype, lse, probs).  Eager code only (FP8Attention, or attention_fwd_fp8_quantized's
+    implementation)."""
     fp8_dtype = fp8_dtypes(q)[0]
     varlen = cu_seqlens_q is not None
     token_major = _token_major(arch_for(q), varlen, 0 if varlen else v.shape[1], v.shape[-1])
-    q8, q_descale = quantize_fp8(q, fp8_dtype, cu_seqlens_q, max_seqlen=max_seqlen_q)
-    k8, k_descale = quantize_fp8(k, fp8_dtype, cu_seqlens_k, max_seqlen=max_seqlen_k)
-    v8, v_descale = quantize_fp8(v, fp8_dtype, cu_seqlens_k, token_major=token_major, max_seqlen=max_seqlen_k)
+    # (_quantize: quantize_fp8's launches without its checks; this runs eagerly or inside the op)
+    q8, q_descale = _quantize(q, fp8_dtype, cu_seqlens_q, max_seqlen_q, False)
+    k8, k_descale = _quantize(k, fp8_dtype, cu_seqlens_k, max_seqlen_k, False)
+    v8, v_descale = _quantize(v, fp8_dtype, cu_seqlens_k, max_seqlen_k, token_major)
     return _fp8_forward(q8, k8, v8, pack_descales(q_descale, k_descale, v_descale, q.shape[-2]), cu_seqlens_q,
                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
                         window_right, softcap, alibi_slopes, rng_state, return_probs, q.dtype)
@@ -427,8 +502,36 @@ class FP8Attention(torch.autograd.Function):
         return _backward(ctx, dout)
 
 
+@torch.library.custom_op("fa_amd::attention_fwd_fp8_quantized", mutates_args=())
+def attention_fwd_fp8_quantized(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, deterministic: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The quantising forward (_quantized_forward) as one op for torch.compile: attention_fwd's
+    arguments and outputs, differentiable through fa_amd::attention_bwd as attention_fwd is (the
+    backward rule of the module docstring: the same saved tensors as FP8Attention)."""
+    return _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
+                              return_probs)
+
+
+@attention_fwd_fp8_quantized.register_fake
+def _attention_fwd_fp8_quantized_fake(*inputs):
+    return ops._attention_fwd_fake(*inputs)  # outputs in q's dtype, as attention_fwd's
+
+
+attention_fwd_fp8_quantized.register_autograd(ops._backward, setup_context=ops._setup_context)
+
+
 def _attention_fp8(*inputs):
     q, k, v = inputs[:3]
+    # under torch.compile one opaque node per direction (dynamo refuses to trace FP8Attention.apply given
+    # one tensor twice, as varlen calls pass cu_seqlens_q and cu_seqlens_k)
+    if torch.compiler.is_compiling():
+        return torch.ops.fa_amd.attention_fwd_fp8_quantized(*inputs)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return _quantized_forward(*inputs[:-1])
     return FP8Attention.apply(*inputs)

@@ -190,10 +190,12 @@ def attention_paged_varlen_ref(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, 
 
 def fp8_quantize_ref(x, fp8_dtype, cu_seqlens=None):
     """(x rounded to fp8 as fa_amd.fp8 does it, descale): one amax scale per (sequence, head) --
-    scale = fp8_max / amax, x8 = fp8(clamp(fp32(x) * scale)), descale = amax / fp8_max (1 where a
-    head is all zero) -- written as plain loops.  Returns x8 (fp8, x's shape) and descale float32
-    (batch, nheads)."""
+    amax = max |x| over the head's finite values, raised to AMAX_FLOOR (2^-100) if below it,
+    scale = fp8_max / amax, x8 = fp8(clamp(fp32(x) * scale)), NaN where x is NaN or +-inf,
+    descale = amax / fp8_max (1 where a head has no nonzero finite value) -- written as plain loops.
+    Returns x8 (fp8, x's shape) and descale float32 (batch, nheads)."""
     fp8_max = torch.finfo(fp8_dtype).max
+    amax_floor = 2.0 ** -100  # kernels/quantize.AMAX_FLOOR
     x = x.detach().float()
     if cu_seqlens is None:
         segments = [x[i] for i in range(x.shape[0])]
@@ -205,11 +207,17 @@ def fp8_quantize_ref(x, fp8_dtype, cu_seqlens=None):
     start = 0
     for i, seg in enumerate(segments):
         for h in range(x.shape[-2]):
-            amax = seg[:, h].abs().max() if seg.numel() else x.new_zeros(())
-            scale = fp8_max / amax if amax > 0 else x.new_ones(())
+            values = seg[:, h]
+            finite = torch.isfinite(values)
+            amax = torch.where(finite, values.abs(), 0.0).max() if values.numel() else x.new_zeros(())
             if amax > 0:
+                amax = amax.clamp_min(amax_floor)
+                scale = fp8_max / amax
                 descale[i, h] = amax / fp8_max
-            rounded = (seg[:, h] * scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+            else:
+                scale = x.new_ones(())
+            rounded = (values * scale).clamp(-fp8_max, fp8_max)
+            rounded = torch.where(finite, rounded, float("nan")).to(fp8_dtype)
             if cu_seqlens is None:
                 x8[i, :, h] = rounded
             else:

@@ -6,11 +6,17 @@ Why kernels: the same rule as a chain of torch ops (abs, amax, float, multiply, 
 transposing copy for V) read and wrote each tensor about seven times, which cost more than the FP8
 attention itself on the H100; here x is read twice and x8 written once.
 
-Rule (as fa_amd.reference.fp8_quantize_ref): amax = max |x| over the head's tokens and features,
-scale = fp8_max / amax as torch evaluates it for a tensor amax (fp8_max * fp32(1 / amax)), descale =
-amax / fp8_max rounded to nearest (both 1 where amax is 0 or NaN: an all-zero or empty head); a NaN
-in x propagates into amax (as torch.amax) and into x8.  Varlen: the tokens past cu_seqlens[-1] (static buffers) belong to no sequence and are cast with
-scale 1, by one extra program row.
+Rule (as fa_amd.reference.fp8_quantize_ref for finite x): amax = max |x| over the head's FINITE
+tokens and features, scale = fp8_max / amax as torch evaluates it for a tensor amax (fp8_max *
+fp32(1 / amax)), descale = amax / fp8_max rounded to nearest (both 1 where amax is 0: an all-zero,
+all-non-finite or empty head).  Non-finite x (NaN, +-inf) is cast to the FP8 type's NaN, and takes no
+part in the scale: one NaN or inf then poisons only the attention rows that use it (as in the
+fp16/fp32 path), where a NaN amax (scale 1: every other value saturated or flushed) or an inf amax
+(scale 0: every value 0, the inf NaN) used to wreck its whole head.  A head whose amax is below
+AMAX_FLOOR (2^-100) is scaled as if its amax were the floor: fp8_max / amax would overflow fp32 to
+inf (0 * inf: NaN) for amax below ~1e-36, and amax / fp8_max underflow to a zero descale.  Varlen:
+the tokens past cu_seqlens[-1] (static buffers) belong to no sequence and are cast with scale 1, by
+one extra program row.
 
 Work split: grid (splits, heads, sequences); each program walks its sequence's token blocks
 split, split + splits, ...  (tables.FP8_QUANTIZE: block size, split count, warps).  The amax pass
@@ -26,10 +32,15 @@ from ..tuning import fp8_quantize_config
 from .launch import head_scan_grid, new_output, next_power_of_2
 
 
+# (a power of two: the floor's scale and descale are exact)
+AMAX_FLOOR = tl.constexpr(2.0 ** -100)
+
+
 @triton.jit
-def _max_nan(a, b):
-    """max(a, b), NaN if either is NaN (torch.amax's rule)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+def _finite_abs(x):
+    """|x| in fp32 where x is finite, 0 where it is NaN or +-inf."""
+    a = tl.abs(x.to(tl.float32))
+    return tl.where(a < float("inf"), a, 0.0)  # (False for NaN)
 
 
 @triton.jit
@@ -54,8 +65,8 @@ def _segment(cu_seqlens, b, seqlen, total, IS_VARLEN: tl.constexpr, HAS_TAIL: tl
 @triton.jit
 def fp8_amax_kernel(X, Partial, cu_seqlens, seqlen, total, stride_xb, stride_xt, stride_xh,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Partial[b, h, split] = max |x| over this program's token blocks of sequence b, head h (0 if
-    it has none)."""
+    """Partial[b, h, split] = max |x| over the finite x of this program's token blocks of sequence b,
+    head h (0 if it has none)."""
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -69,8 +80,8 @@ def fp8_amax_kernel(X, Partial, cu_seqlens, seqlen, total, stride_xb, stride_xt,
         rows = t0 + offs_t
         x = tl.load(base + rows.to(tl.int64)[:, None] * stride_xt + offs_d[None, :],
                     mask=(rows[:, None] < length) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        amax = _max_nan(tl.abs(x.to(tl.float32)), amax)
-    amax = tl.reduce(tl.reduce(amax, 1, _max_nan), 0, _max_nan)
+        amax = tl.maximum(_finite_abs(x), amax)
+    amax = tl.max(tl.max(amax, 1), 0)
     tl.store(Partial + (b * tl.num_programs(1) + h) * splits + split, amax)
 
 
@@ -80,8 +91,9 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS_PAD: tl.constexpr,
                     IS_VARLEN: tl.constexpr, SCALED: tl.constexpr):
     """Out[b, t, h, :] = fp8(clamp(fp32(X[b, t, h, :]) * scale)) with the scale of (sequence b, head h)
-    from Partial's n_splits maxima; Descale[b, h] = its descale.  Out's strides are free (token-major
-    V: stride_ot == 1).  SCALED=False: a plain (transposing) copy of an FP8 X, no scale."""
+    from Partial's n_splits maxima (NaN where X is not finite); Descale[b, h] = its descale.  Out's
+    strides are free (token-major V: stride_ot == 1).  SCALED=False: a plain (transposing) copy of an
+    FP8 X, no scale."""
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -95,9 +107,10 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
         # (no partials for the tail row; a scalar condition in the mask itself trips the interpreter)
         parts = tl.load(Partial + (b * tl.num_programs(1) + h) * n_splits + offs_s,
                         mask=offs_s < tl.where(b < n_seqs, n_splits, 0), other=0.0)
-        amax = tl.reduce(parts, 0, _max_nan)
-        nonzero = amax > 0.0  # False for NaN: scale 1, as the reference
-        safe = tl.where(nonzero, amax, 1.0)  # (no division by 0 or NaN, even in a discarded branch)
+        amax = tl.max(parts, 0)  # finite, >= 0
+        nonzero = amax > 0.0
+        # (no division by 0, even in a discarded branch; the floor keeps scale finite, descale > 0)
+        safe = tl.where(nonzero, tl.maximum(amax, AMAX_FLOOR), 1.0)
         # fp8_max * (1 / amax), each rounded to nearest: torch's `fp8_max / amax` for a tensor amax
         # (reciprocal, then multiply), so x8 matches the reference bit for bit on any device
         scale = tl.where(nonzero, tl.math.div_rn(1.0, safe) * fp8_max, 1.0)
@@ -112,9 +125,10 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
         ok = (rows[:, None] < length) & (offs_d[None, :] < HEAD_DIM)
         x = tl.load(x_base + rows[:, None] * stride_xt + offs_d[None, :], mask=ok, other=0.0)
         if SCALED:
-            y = x.to(tl.float32) * scale
-            y = tl.minimum(tl.maximum(y, -fp8_max, propagate_nan=tl.PropagateNan.ALL), fp8_max,
-                           propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
+            x32 = x.to(tl.float32)
+            y = tl.minimum(tl.maximum(x32 * scale, -fp8_max), fp8_max)
+            # NaN and +-inf -> the FP8 type's NaN (every FP8 type has one; +-inf would clamp to +-fp8_max)
+            y = tl.where(tl.abs(x32) < float("inf"), y, float("nan"))
             x = y.to(Out.dtype.element_ty)
         tl.store(o_base + rows[:, None] * stride_ot + offs_d[None, :] * stride_od, x, mask=ok)
 

@@ -62,8 +62,9 @@ def test_quantize_dense_matches_reference(device, dtype, token_major):
 
 
 def test_quantize_edge_cases(device):
-    """A non-contiguous input (a slice of packed qkv), gfx942's fnuz type, a NaN (its head's amax is
-    NaN, as torch.amax: scale 1, the NaN stays), no tokens at all."""
+    """A non-contiguous input (a slice of packed qkv), gfx942's fnuz type, a NaN (out of its head's
+    amax: the other values keep their scale, the NaN stays; test_fp8_robustness.py has inf and
+    degenerate heads), no tokens at all."""
     qkv = _fresh(1, 19, 3, 2, 24, device=device, dtype=torch.float16) * 5
     k = qkv[:, :, 1]
     # gfx942's fnuz type where this device converts to it (the interpreter; a GPU refuses other archs' types)
@@ -74,12 +75,9 @@ def test_quantize_edge_cases(device):
     x = _fresh(1, 9, 2, 16, device=device) * 1000
     x[0, 3, 1, 2] = float("nan")
     x8, descale = fp8_mod.quantize_fp8(x, E4M3)
-    assert descale[0, 1] == 1.0 and torch.isnan(x8[0, 3, 1, 2].float())
-    ok = torch.ones_like(x, dtype=torch.bool)
-    ok[0, :, 1] = False
-    assert torch.equal(x8.float()[~ok].nan_to_num(0), x.clamp(-448, 448).to(E4M3).float()[~ok].nan_to_num(0))
-    r8, rd = fp8_quantize_ref(x[:, :, :1], E4M3)
-    assert _same_bits(x8[:, :, :1], r8) and _same_descale(descale[:, :1], rd)
+    assert torch.isnan(x8[0, 3, 1, 2].float()) and x8[0, :, 1].float().isnan().sum() == 1
+    r8, rd = fp8_quantize_ref(x, E4M3)  # (the NaN takes no part in the scale)
+    assert _same_bits(x8, r8) and _same_descale(descale, rd) and descale[0, 1] > 1.0
     empty8, empty_descale = fp8_mod.quantize_fp8(x[:, :0], E4M3, token_major=True)
     assert empty8.shape == (1, 0, 2, 16) and torch.equal(empty_descale, torch.ones(1, 2, device=device))
     if device != "cpu":
