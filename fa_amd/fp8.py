@@ -221,6 +221,16 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
     nheads_k = k_cache.shape[-2] if k_cache.dim() >= 2 else 0
     descales = [_check_descale(name, x, batch, nheads_k, q)
                 for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    if k is not None and new_names[0] not in fp8:
+        # high-precision k / v are quantised as x / descale: a descale <= 0 or NaN would write saturated or NaN
+        # values into the cache; checked where the values cost no sync, as the cache's index tensors are
+        from .kvcache import _check_values_now
+
+        for name, given, x in (("k_descale", k_descale, descales[1]), ("v_descale", v_descale, descales[2])):
+            if given is not None and _check_values_now(x) and not bool((x > 0).all() & torch.isfinite(x).all()):
+                raise ValueError(f"{name} must be finite and > 0 to quantise the appended {new_names[0]}/"
+                                 f"{new_names[1]} (x8 = fp8(x / descale)), got values in "
+                                 f"[{x.min().item()}, {x.max().item()}]")
     if out_dtype is None:
         out_dtype = torch.bfloat16 if q_fp8 else q.dtype
     return pack_descales(*descales, nheads_k), _check_out_dtype(out_dtype)

@@ -257,6 +257,13 @@ def test_fp8_kvcache_bad_input(device):
         (TypeError, "out_dtype", dict(q=q, k_cache=kc, v_cache=vc, out_dtype=torch.int8)),
         (TypeError, "q_descale", dict(q=q.to(fp8), k_cache=kc, v_cache=vc, q_descale=[1.0])),
     ]
+    # descales that cannot quantise an appended high-precision k / v (x8 = fp8(x / descale)): checked where the
+    # values cost no sync (CPU tensors; on a GPU with FA_AMD_CHECK_KVCACHE=1, as the index tensors)
+    if device == "cpu":
+        new = dict(k=torch.randn(b, 1, hk, d).half(), v=torch.randn(b, 1, hk, d).half(), cache_seqlens=lens)
+        for bad in (0.0, -1.0, float("nan")):
+            cases.append((ValueError, "k_descale", dict(q=q, k_cache=kc, v_cache=vc, k_descale=ones * bad, **new)))
+        cases.append((ValueError, "v_descale", dict(q=q, k_cache=kc, v_cache=vc, v_descale=ones * 0, **new)))
     for exc, word, kwargs in cases:
         with pytest.raises(exc, match=word):
             call(**kwargs)
