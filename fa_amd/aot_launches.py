@@ -193,6 +193,7 @@ LAUNCHES = {
 #   decode_fp8kv  decode_kernel, a job-dtype q over an FP8 KV cache (K, V widened in the kernel)
 #   append_fp8    kv_append_kernel, job-dtype new k/v quantised into an FP8 cache
 #   amax_fp8, cast_fp8  the quantising functions' two passes (kernels/quantize.py)
+#   round_trip_fp8  fp8_cast_kernel as their backward runs it: q, k or v through FP8 and back (fp8.fp8_round_trip)
 #   nan_flags_fp8 the V NaN pass before a masked FP8 forward, on families not in tables.FWD_NAN_FIXUP_FAMILIES
 #                 (none of the FP8 targets here: their FP8 forwards mark V's NaNs themselves, built as fwd_fp8)
 # Variants: "plain", "causal" and "all" of the decode launches below (the same problems, with an FP8
@@ -250,6 +251,15 @@ def _run_quantize_fp8(p: Problem, relayout: bool = False):
                      max_seqlen=a["max_seqlen_k"])
 
 
+def _run_round_trip_fp8(p: Problem):
+    """The quantising functions' backward: V (dense, or varlen with "causal") through FP8 and back."""
+    from . import fp8
+    from .kernels import quantize
+
+    a = _attention_inputs(Problem(p.dtype, p.head_dim, varlen=p.variant == "causal"))
+    fp8.fp8_round_trip(a["v"], _fp8_dtype_of(quantize), a["cu_seqlens_k"], a["max_seqlen_k"])
+
+
 FP8_LAUNCHES = {
     "fwd_fp8": Launch("forward", "attn_fwd_kernel", _run_forward_fp8, table_kernel="fwd"),
     # the FP8 forward's V NaN pass over its FP8 V (masked launches, families without the fix-up)
@@ -259,6 +269,7 @@ FP8_LAUNCHES = {
     "append_fp8": Launch("decode", "kv_append_kernel", _run_append_fp8, table_kernel="append"),
     "amax_fp8": Launch("quantize", "fp8_amax_kernel", _run_quantize_fp8),
     "cast_fp8": Launch("quantize", "fp8_cast_kernel", _run_quantize_fp8, dict(relayout=True)),
+    "round_trip_fp8": Launch("quantize", "fp8_cast_kernel", _run_round_trip_fp8),
 }
 
 

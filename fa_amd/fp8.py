@@ -32,14 +32,18 @@ called in traced code).  The tracer cannot run a Triton launch itself.
 
 Backward of the quantising functions: the gradients with respect to the high-precision
 inputs are computed by the existing backward kernels, in the inputs' precision, from the
-saved high-precision q, k, v and the FP8 forward's out and lse.  Why: the rounding to fp8
-is treated as the identity (straight-through, the usual rule for FP8 training), so the
-gradients are those of attention at the inputs the user holds, and no FP8 backward
-kernel (FA3 and the ROCm path have none) or second high-precision forward is needed:
-the backward costs what the bf16 one does.  The price: P is rebuilt as exp(S - lse) with
-the FP8 forward's lse, and dS uses rowsum(dO * out) of the FP8 output, so the gradients
-carry the forward's quantisation error (bounded in tests/kernels/test_fp8.py against a
-PyTorch emulation of the same rule).
+saved high-precision q, k, v -- each put through the arch's FP8 type and back first
+(fp8_round_trip: the same per-(sequence, head) scale, so exactly the values the FP8 forward
+used) -- and the FP8 forward's out and lse.  This is the straight-through rule of FP8
+training (the rounding's own derivative taken as the identity): the gradients of the
+computation the forward did, handed to the inputs the user holds.  Why not the saved inputs
+themselves: P is rebuilt as exp(S - lse) with the FP8 forward's lse, which only matches S of
+the quantised q and k; with S of the unquantised ones the rows of P stop summing to 1, an
+error that grows with the scores' spread (dq off by 80 % of its largest entry at logits of
+std ~4, against 30 % for this rule; at unit scale 1.4-2x its error).  Cost: one amax and
+one cast pass over each of q, k, v in the backward (no FP8 copy is kept from the forward);
+no FP8 backward kernel (FA3 and the ROCm path have none).  Tests bound the gradients by
+3x the error of a float64 emulation of this rule (tests/kernels/test_fp8.py).
 """
 from __future__ import annotations
 
@@ -484,15 +488,52 @@ def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                         window_right, softcap, alibi_slopes, rng_state, return_probs, q.dtype)
 
 
+def fp8_round_trip(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor] = None,
+                   max_seqlen: Optional[int] = None) -> Tensor:
+    """x quantised as quantize_fp8 does it and dequantised, in x's dtype: the values the FP8 forward of
+    the quantising functions used (one amax pass and one fused cast pass, kernels/quantize.py)."""
+    x = x.detach()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = new_output(x, x.shape, x.dtype)
+    quantize_into(x, out, torch.finfo(fp8_dtype).max, cu_seqlens, max_seqlen, round_trip=fp8_dtype)
+    return out
+
+
+@torch.library.custom_op("fa_amd::fp8_round_trip", mutates_args=())
+def fp8_round_trip_op(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor],
+                      max_seqlen: Optional[int]) -> Tensor:
+    """fp8_round_trip for traced code (the compiled backward of attention_fwd_fp8_quantized)."""
+    return fp8_round_trip(x, fp8_dtype, cu_seqlens, max_seqlen)
+
+
+@fp8_round_trip_op.register_fake
+def _fp8_round_trip_fake(x, fp8_dtype, cu_seqlens, max_seqlen):
+    return x.new_empty(x.shape)
+
+
+def _forward_values(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """(q, k, v) as the quantising forward used them: each through the arch's FP8 type and back."""
+    fp8_dtype = fp8_dtypes(q)[0]
+    trip = torch.ops.fa_amd.fp8_round_trip if torch.compiler.is_compiling() else fp8_round_trip
+    return (trip(q, fp8_dtype, cu_seqlens_q, max_seqlen_q), trip(k, fp8_dtype, cu_seqlens_k, max_seqlen_k),
+            trip(v, fp8_dtype, cu_seqlens_k, max_seqlen_k))
+
+
 def _backward(ctx, dout):
-    """Gradients of the high-precision inputs by the existing backward kernels, from the saved
-    high-precision q, k, v and the FP8 forward's out and lse (module docstring); once-differentiable
-    as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
+    """Gradients of the high-precision inputs by the existing backward kernels, at the values the FP8
+    forward used (the saved q, k, v through FP8 and back) with its out and lse (module docstring);
+    once-differentiable as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
     if torch.compiler.is_compiling():
         bwd = torch.ops.fa_amd.attention_bwd
     else:
         bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
-    return ops._backward_with(bwd, ctx, dout)
+    return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values)
+
+
+def _compiled_backward(ctx, dout, _dlse, _dprobs):
+    """attention_fwd_fp8_quantized's backward (torch.compile): _backward's rule through custom ops."""
+    return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_forward_values)
 
 
 class FP8Attention(torch.autograd.Function):
@@ -533,7 +574,7 @@ def _attention_fwd_fp8_quantized_fake(*inputs):
     return ops._attention_fwd_fake(*inputs)  # outputs in q's dtype, as attention_fwd's
 
 
-attention_fwd_fp8_quantized.register_autograd(ops._backward, setup_context=ops._setup_context)
+attention_fwd_fp8_quantized.register_autograd(_compiled_backward, setup_context=ops._setup_context)
 
 
 def _attention_fp8(*inputs):

@@ -251,8 +251,9 @@ def attention_grads_from_stats(q, k, v, out, lse, dout, *, causal=False, window_
                                dropout_p=0.0, dropout_mask=None):
     """(dq, dk, dv) of dense attention at q, k, v (b, s, h, d), with the softmax rebuilt from the
     given row statistics as flash backward kernels do: P = exp(S - lse), dS = P * (dO V^T -
-    rowsum(dO * out)).  With out and lse of an FP8 forward this is the backward rule of
-    fa_amd.fp8's quantising functions; computed in float64.  (Masks: causal and window; dropout with
+    rowsum(dO * out)).  With q, k, v quantised and dequantised (fp8_quantize_ref, fp8_dequantize_ref) and
+    the out and lse of an FP8 forward this is the backward rule of fa_amd.fp8's quantising functions;
+    computed in float64.  (Masks: causal and window; dropout with
     dropout_mask (b, h, sq, sk) bool, kept entries scaled by 1 / (1 - dropout_p).)"""
     q, k, v, out, dout = (x.double() for x in (q, k, v, out, dout))
     b, sq, hq, d = q.shape

@@ -23,6 +23,8 @@ split, split + splits, ...  (tables.FP8_QUANTIZE: block size, split count, warps
 writes one partial per program, so it needs no zeroed buffer and no atomics, and the result does
 not depend on timing.
 """
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -89,11 +91,12 @@ def fp8_amax_kernel(X, Partial, cu_seqlens, seqlen, total, stride_xb, stride_xt,
 def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_xb, stride_xt, stride_xh,
                     stride_ob, stride_ot, stride_oh, stride_od, n_splits, fp8_max,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                    IS_VARLEN: tl.constexpr, SCALED: tl.constexpr):
+                    IS_VARLEN: tl.constexpr, SCALED: tl.constexpr, Fp8Ref=None, ROUND_TRIP: tl.constexpr = False):
     """Out[b, t, h, :] = fp8(clamp(fp32(X[b, t, h, :]) * scale)) with the scale of (sequence b, head h)
     from Partial's n_splits maxima (NaN where X is not finite); Descale[b, h] = its descale.  Out's
     strides are free (token-major V: stride_ot == 1).  SCALED=False: a plain (transposing) copy of an
-    FP8 X, no scale."""
+    FP8 X, no scale.  ROUND_TRIP (with SCALED): Out is in X's dtype and gets the value the FP8 tensor
+    stands for, fp8(...) * descale, rounded to Out's dtype (Fp8Ref: any tensor of the FP8 type)."""
     split = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -114,8 +117,9 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
         # fp8_max * (1 / amax), each rounded to nearest: torch's `fp8_max / amax` for a tensor amax
         # (reciprocal, then multiply), so x8 matches the reference bit for bit on any device
         scale = tl.where(nonzero, tl.math.div_rn(1.0, safe) * fp8_max, 1.0)
+        descale = tl.where(nonzero, tl.math.div_rn(safe, fp8_max), 1.0)
         if (split == 0) & (b < n_seqs):
-            tl.store(Descale + b * tl.num_programs(1) + h, tl.where(nonzero, tl.math.div_rn(safe, fp8_max), 1.0))
+            tl.store(Descale + b * tl.num_programs(1) + h, descale)
     x_base = X + b.to(tl.int64) * stride_xb + start.to(tl.int64) * stride_xt + h.to(tl.int64) * stride_xh
     o_base = Out + b.to(tl.int64) * stride_ob + start.to(tl.int64) * stride_ot + h.to(tl.int64) * stride_oh
     offs_t = tl.arange(0, BLOCK_T)
@@ -129,7 +133,10 @@ def fp8_cast_kernel(X, Out, Partial, Descale, cu_seqlens, seqlen, total, stride_
             y = tl.minimum(tl.maximum(x32 * scale, -fp8_max), fp8_max)
             # NaN and +-inf -> the FP8 type's NaN (every FP8 type has one; +-inf would clamp to +-fp8_max)
             y = tl.where(tl.abs(x32) < float("inf"), y, float("nan"))
-            x = y.to(Out.dtype.element_ty)
+            if ROUND_TRIP:
+                x = (y.to(Fp8Ref.dtype.element_ty).to(tl.float32) * descale).to(Out.dtype.element_ty)
+            else:
+                x = y.to(Out.dtype.element_ty)
         tl.store(o_base + rows[:, None] * stride_ot + offs_d[None, :] * stride_od, x, mask=ok)
 
 
@@ -140,12 +147,13 @@ def _strides(x: torch.Tensor, varlen: bool):
 
 
 def quantize_into(x: torch.Tensor, out: torch.Tensor, fp8_max: float, cu_seqlens=None, max_seqlen=None,
-                  scaled: bool = True) -> torch.Tensor:
+                  scaled: bool = True, round_trip: Optional[torch.dtype] = None) -> torch.Tensor:
     """Writes x (batch, seqlen, nheads, d) -- or (total, nheads, d) with cu_seqlens -- quantised per
     (sequence, head) into `out` (same shape, an FP8 type, any strides, e.g. token-major); returns the
     descale, fp32 (batch, nheads).  x's last dim must be contiguous.  scaled=False: `out` = x (an FP8
-    tensor of out's type) relaid, no descale (returns None).  max_seqlen (varlen) only sizes the
-    grid; every token of a segment is quantised whatever it says."""
+    tensor of out's type) relaid, no descale (returns None).  round_trip (an FP8 type): `out` is in
+    x's dtype and gets x quantised to that type and dequantised (the values an FP8 forward used).
+    max_seqlen (varlen) only sizes the grid; every token of a segment is quantised whatever it says."""
     varlen = cu_seqlens is not None
     nheads, d = x.shape[-2], x.shape[-1]
     batch = cu_seqlens.numel() - 1 if varlen else x.shape[0]
@@ -176,5 +184,6 @@ def quantize_into(x: torch.Tensor, out: torch.Tensor, fp8_max: float, cu_seqlens
             x, out, partial, descale if scaled else x, cu, seqlen, total, *_strides(x, varlen),
             *_strides(out, varlen), out.stride(-1), splits, float(fp8_max),
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_T=block_t, SPLITS_PAD=next_power_of_2(splits), IS_VARLEN=varlen,
-            SCALED=scaled, **options)
+            SCALED=scaled, **(dict(Fp8Ref=x.new_empty((1,), dtype=round_trip), ROUND_TRIP=True)
+                               if round_trip is not None else {}), **options)
     return descale

@@ -16,9 +16,9 @@ block or a wrongly rounded P gives 5-20x).
 
 Gradients of the quantising functions are compared the same way: against float64 gradients
 of the original inputs, bounded by 3x the error of the emulated backward rule
-(reference.attention_grads_from_stats: exact gradients at the high-precision inputs, with the
-softmax rebuilt from the emulated FP8 forward's out and lse), plus the fp16 rounding of the
-kernels' own backward (the bf16/fp16 path's tolerance).
+(reference.attention_grads_from_stats: exact gradients at the dequantised q, k, v -- the values the
+FP8 forward used -- with the softmax rebuilt from the emulated FP8 forward's out and lse), plus the
+fp16 rounding of the kernels' own backward (the bf16/fp16 path's tolerance).
 
 The CPU runs use the interpreter, whose fp8 dots are exact (its fp8 rounding is the one
 fa_amd.arch fixes); "cpu" pins the OCP type float8_e4m3fn (tables.FP8_DTYPES), and one test
@@ -295,7 +295,7 @@ def test_qkvpacked_fp8_backward(device, monkeypatch, token_major):
         q, k, v = qkv.detach().unbind(2)
         deq = [fp8_dequantize_ref(*fp8_quantize_ref(x, E4M3)) for x in (q, k, v)]
         emu_out, emu_lse = attention_ref(*deq, causal=True)
-        return torch.stack(attention_grads_from_stats(q, k, v, emu_out, emu_lse, dout, causal=True), dim=2)
+        return torch.stack(attention_grads_from_stats(*deq, emu_out, emu_lse, dout, causal=True), dim=2)
 
     _packed_grad_check(out, qkv, lambda x: attention_ref(*x.unbind(2), causal=True)[0], emulated, dout)
     # close to the fp16 path's gradients too (same kernels, out/lse from the FP8 forward)
@@ -325,7 +325,7 @@ def test_varlen_qkvpacked_fp8_backward_empty_segment(device):
             q, k, v = qkv.detach()[None, a:e].unbind(2)
             deq = [fp8_dequantize_ref(*fp8_quantize_ref(x, E4M3)) for x in (q, k, v)]
             emu_out, emu_lse = attention_ref(*deq)
-            return torch.stack(attention_grads_from_stats(q, k, v, emu_out, emu_lse, dout[None, a:e]), dim=2)[0]
+            return torch.stack(attention_grads_from_stats(*deq, emu_out, emu_lse, dout[None, a:e]), dim=2)[0]
         return per_segment(seg)
 
     _packed_grad_check(out, qkv, ref_fn, emulated, dout)

@@ -140,7 +140,7 @@ def test_qkvpacked_backward_close_to_bf16_path(causal, d):
     q, k, v = qkv.detach().unbind(2)
     deq = [fp8_dequantize_ref(*fp8_quantize_ref(x, fp8_dtype)) for x in (q, k, v)]
     emu_out, emu_lse = attention_ref(*deq, causal=causal)
-    g_emu = torch.stack(attention_grads_from_stats(q, k, v, emu_out, emu_lse, dout, causal=causal), dim=2)
+    g_emu = torch.stack(attention_grads_from_stats(*deq, emu_out, emu_lse, dout, causal=causal), dim=2)
     err = (g8.double() - g64).abs().max().item()
     bound = 3 * (g_emu - g64).abs().max().item() + 2 * (g16.double() - g64).abs().max().item()
     assert torch.isfinite(g8).all() and err <= bound, (err, bound)
@@ -161,10 +161,10 @@ def test_dropout_backward_uses_the_forward_mask():
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref64, _ = attention_ref(*leaves, causal=True, dropout_p=0.2, dropout_mask=keep)
     g64 = torch.autograd.grad(ref64, leaves, dout.double())
-    # the backward rule in float64 (high-precision q, k, v; the emulated FP8 forward's out and lse; the
+    # the backward rule in float64 (q, k, v as the FP8 forward used them; the emulated FP8 forward's out and lse; the
     # same mask): a wrong mask in the kernels' backward is off by O(1), far outside 3x its error
     emu_lse = attention_ref(*deq, causal=True)[1]
-    g_emu = attention_grads_from_stats(q, k, v, emu, emu_lse, dout, causal=True, dropout_p=0.2, dropout_mask=keep)
+    g_emu = attention_grads_from_stats(*deq, emu, emu_lse, dout, causal=True, dropout_p=0.2, dropout_mask=keep)
     for name, a, b, e in zip("qkv", g, g64, g_emu):
         err, err_emu = (a.double() - b).abs().max().item(), (e - b).abs().max().item()
         assert err <= 3 * err_emu + 1e-3 * b.abs().max().item(), f"d{name}: {err:.3e} > 3 x emulated {err_emu:.3e}"
