@@ -637,7 +637,15 @@ def fa_amd_attention_mask(
         keep = (position < filled).expand(batch_size, kv_length)
     else:
         covered = attention_mask.shape[-1]
-        keep = attention_mask[:, position.clamp(max=covered - 1)].to(torch.bool) & (position < covered)
+        # A padding mask covers positions [0, filled).  A narrower one ends at `filled` (Transformers aligns
+        # masks at the right): the keep-mask this function built for a sliding layer, given back to it
+        # (generate() builds a static cache's masks first, and a one-mask model like Mistral builds them
+        # again from that), which must come out the same.  A wider one starts at 0 (a static cache's).
+        start = 0
+        if building_causal:
+            start = (filled - covered).clamp(min=0) if isinstance(filled, torch.Tensor) else max(filled - covered, 0)
+        column = position - start
+        keep = attention_mask[:, column.clamp(0, covered - 1)].to(torch.bool) & (column >= 0) & (column < covered)
         if building_causal:
             keep = keep & (position < filled)
     if not torch.compiler.is_compiling() and bool(keep.all()):

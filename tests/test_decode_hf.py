@@ -94,6 +94,52 @@ def test_static_cache_under_torch_compile_matches_eager(device, decode_calls):
     assert decode_calls  # traced through the decode op
 
 
+@pytest.mark.parametrize("compile_backend", [None, "aot_eager"])
+def test_sliding_window_static_cache_with_padding_matches_eager(device, decode_calls, compile_backend):
+    """Mistral-style sliding window with a static cache and a left-padded batch, prompts past the window:
+    generate() builds the masks first and the model builds its one mask again from that 2D keep-mask,
+    which must come out the same (audit 2026-11-25: every row diverged from eager at the first step)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+                        bos_token_id=1, eos_token_id=2, sliding_window=8)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).to(device).eval()
+    with torch.no_grad():  # sharper attention, so a wrong mask cannot hide in near-uniform weights
+        for name, p in model.named_parameters():
+            if "q_proj.weight" in name or "k_proj.weight" in name:
+                p.mul_(8)
+    torch.manual_seed(1)
+    ids = torch.randint(3, VOCAB, (3, 14), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    mask[2, :10] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    ref = greedy(model, "eager", ids, mask, 5, cache_implementation="static")
+    torch._dynamo.reset()
+    out = greedy(model, "fa_amd", ids, mask, 5, compile_backend=compile_backend, cache_implementation="static")
+    torch._dynamo.reset()
+    assert torch.equal(out, ref), f"fa_amd {out.tolist()} != eager {ref.tolist()}"
+    assert decode_calls
+
+
+def test_mask_builder_is_idempotent_on_its_own_masks():
+    """The 2D keep-mask of a sliding layer given back to the builder (generate() with a static cache, one-mask
+    models) comes out unchanged, as Transformers' flash mask does; a full layer's too."""
+    padding = torch.ones(3, 15, dtype=torch.bool)
+    padding[1, :5] = False
+    padding[2, :10] = False
+    for kv_length, kv_offset in ((8, 7), (20, 0), (15, 0)):
+        args = dict(batch_size=3, q_length=1, kv_length=kv_length, q_offset=14, kv_offset=kv_offset)
+        first = hf_attention.fa_amd_attention_mask(**args, attention_mask=padding)
+        assert first is not None and first.shape == (3, kv_length)
+        position = kv_offset + torch.arange(kv_length)
+        expected = padding[:, position.clamp(max=14)] & (position < 15)
+        assert torch.equal(first, expected)
+        assert torch.equal(hf_attention.fa_amd_attention_mask(**args, attention_mask=first), first)
+
+
 def test_decode_with_mask_holes_and_static_buffer_tail(device):
     """A hand-made mask with holes (not left padding) and a static buffer longer than the mask: the
     device-side bounds plus the per-key mask give eager attention's result, without a sync."""
@@ -130,7 +176,7 @@ def test_training_forward_with_a_cache_keeps_the_differentiable_kernel(device, d
 
 _CB_SCRIPT = textwrap.dedent(
     """
-    import sys, torch, fa_amd
+    import os, sys, torch, fa_amd
     fa_amd.integrations.route_flash_attention_2()
     import fa_amd.kvcache as kvcache
     from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -139,7 +185,8 @@ _CB_SCRIPT = textwrap.dedent(
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
                       bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = getattr(torch, os.environ.get("CB_DTYPE", "bfloat16" if device == "cuda" else "float32"))
+    warmup = os.environ.get("CB_WARMUP") == "1"  # warm-up: CUDA graphs captured first (their pool shared)
     model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     prompts = [[5, 9, 17, 33, 4], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17]]
     new = 4
@@ -168,7 +215,7 @@ _CB_SCRIPT = textwrap.dedent(
         ContinuousBatchingConfig).parameters else {}
     cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64, **{page_arg: 16}, **fast)
     results = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
-                                   progress_bar=False, warmup=False)
+                                   progress_bar=False, warmup=warmup)
     got = [results[f"req_{i}"].generated_tokens for i in range(len(prompts))]
     assert got == expected, (got, expected)
 
@@ -192,10 +239,10 @@ _CB_SCRIPT = textwrap.dedent(
 )
 
 
-def _run_cb_script():
+def _run_cb_script(**env):
     # conftest.py put TRITON_INTERPRET=1 in os.environ when there is no GPU; the child inherits it
     result = subprocess.run([sys.executable, "-c", _CB_SCRIPT], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=600)
+                            timeout=600, env=dict(os.environ, **env))
     assert result.returncode == 0 and "cb-ok" in result.stdout, (result.stdout + result.stderr)[-4000:]
 
 
@@ -203,6 +250,14 @@ def test_continuous_batching_through_the_flash_attention_2_route():
     """generate_batch and the serving manager run on fa_amd (varlen prefill; on a GPU also the paged
     decode kernel) and their greedy tokens equal eager generate()'s."""
     _run_cb_script()
+
+
+@pytest.mark.gpu
+def test_continuous_batching_fp32_with_graph_warmup_gpu():
+    """float32 (whose decode tiles split the keys: the fused merge's counters) with generate_batch's warm-up,
+    which captures CUDA graphs after eager runs inside the graphs' memory pool (audit 2026-11-25: the
+    counters were allocated there and a graph's replays overwrote them)."""
+    _run_cb_script(CB_DTYPE="float32", CB_WARMUP="1")
 
 
 def test_bench_decode_and_generate_smoke(tmp_path):

@@ -33,6 +33,7 @@ before it addresses memory, and an append whose target slot is outside the cache
 or cache row is out of range) is dropped instead of written.
 """
 import functools
+import threading
 from typing import NamedTuple, Optional
 
 import torch
@@ -650,8 +651,32 @@ def _split_counters(q, n: int, stream=None) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.int32, device=device)
     if buf is not None:
         _RETIRED_COUNTERS.append(buf)
-    buf = _SPLIT_COUNTERS[key] = torch.zeros(max(256, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
+    buf = _SPLIT_COUNTERS[key] = _zeros_outside_pools(max(256, 1 << (n - 1).bit_length()), device)
     return buf
+
+
+def _zeros_outside_pools(n: int, device) -> torch.Tensor:
+    """int32 zeros for a buffer that lives from call to call, never in a memory pool routed to this thread
+    (torch.cuda.use_mem_pool).  Transformers' continuous batching runs each graph's eager warm-up inside
+    its graphs' pool: a block allocated there may be one that an earlier capture freed, which that graph's
+    replays keep writing -- zero counters would not stay zero (audit 2026-11-25: float32 generate_batch
+    with CUDA graphs went wrong from the first decode step).  Pools route by thread, so a helper thread
+    allocates (once per buffer) and waits for its memset."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    made = []
+
+    def allocate():
+        with torch.cuda.device(device):
+            made.append(torch.zeros(n, dtype=torch.int32, device=device))
+            torch.cuda.current_stream(device).synchronize()
+
+    worker = threading.Thread(target=allocate, name="fa_amd-counters")
+    worker.start()
+    worker.join()
+    if not made:
+        raise RuntimeError(f"fa_amd: could not allocate the decode split counters on {device}")
+    return made[0]
 
 
 def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):

@@ -1054,6 +1054,38 @@ def test_split_counters_stay_zero_and_grow(device, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_split_counters_stay_out_of_a_graph_pool(monkeypatch):
+    """A split decode call made first inside a memory pool that CUDA graphs share (Transformers' continuous
+    batching warms each graph up eagerly in its pool): the fused merge's counters, which must stay zero
+    between calls, are not allocated there, so replaying a graph that freed small blocks into the pool cannot
+    overwrite them."""
+    monkeypatch.setattr(decode, "_SPLIT_COUNTERS", {})
+    pool = torch.cuda.MemPool()
+    source = torch.arange(256, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (source * 3 + 5).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool.id):
+        for _ in range(8):  # small intermediates, freed into the pool when the capture ends
+            source = (source * 3 + 5) % 1000 + 7
+        total = source.sum()
+    q, k_cache, v_cache, _, _, kw, _ = make_case("cuda", b=1, cache=512, fixed_lens=[500], seed=9)
+    ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, upcast=False, **kw)
+    with torch.cuda.use_mem_pool(pool):
+        first = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=4, **kw)
+        assert_close_to_ref("out", first, ref64, ref_lp, q.dtype)  # (before a replay: `first` is in the pool)
+    for _ in range(3):
+        graph.replay()
+        again = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=4, **kw)
+        assert_close_to_ref("out", again, ref64, ref_lp, q.dtype)
+    assert int(total) > 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("warm_on_capture_stream", [False, True])
 def test_fused_merge_under_graph_capture(monkeypatch, warm_on_capture_stream):
     """The fused merge inside a CUDA graph: its counters are the capture stream's cached buffer (a call
