@@ -163,7 +163,8 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_FP8: tl.constexpr):
+                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_FP8: tl.constexpr,
+                  HAS_LEFTPAD: tl.constexpr):
     # K and V tiles are computed in q's dtype: a no-op cast except for an FP8 cache under a
     # high-precision q (widened); FP8 q dots the FP8 cache as it is (module doc)
     for start_n in range(start, end, BLOCK_N):
@@ -216,7 +217,9 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM
         acc = acc * alpha[:, None]
         if MASK:
             # slots before cache_leftpad are not the sequence's (uninitialised memory, maybe NaN): not read
-            in_seq = (cols[:, None] < k_end) & (cols[:, None] >= k_lo)
+            in_seq = cols[:, None] < k_end
+            if HAS_LEFTPAD:  # (only then: the compare cost CDNA builds a 36 B spill under triton 3.6)
+                in_seq = in_seq & (cols[:, None] >= k_lo)
             v = tl.load(v_ptrs, mask=in_seq & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif D_PAD != HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
@@ -381,19 +384,19 @@ def decode_kernel(
                                   stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
                                   a1, a2, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
                                   stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
                                   a2, s_hi, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
                                   stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8)
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]

@@ -463,6 +463,9 @@ _CDNA = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
 _CDNA_WIDE = {64: {"BLOCK_M": 64}, 128: {"BLOCK_M": 64, "triton<3.5": {"BLOCK_N": 32, "num_stages": 1}},
               256: {"BLOCK_M": 32, "BLOCK_N": 32}}
 _CDNA_FP32 = {128: dict(_DECODE_FP32, waves_per_eu=1), 256: dict(_DECODE_FP32, BLOCK_N=16, waves_per_eu=1)}
+# gfx90a d256 row and gfx1100 d128 / d256 rows under triton 3.6 (AOT full sweep, 2026-11-25): the Transformers
+# route (per-key mask, leftpad) at d192 (gfx90a, gfx1100) and d80 (gfx1100) left a 36 B SGPR spill slot at
+# 32-key tiles; 16-key tiles build with zero scratch under 3.2-3.6 (gfx90a) and 3.6 (gfx1100).
 # MI300 (gfx942) and MI350 (gfx950) decode tiles, d64 / d128 / d256 (the same AOT results on both)
 _CDNA3_DECODE_TILES = (
     {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
@@ -492,7 +495,7 @@ DECODE_TABLES = {
                            {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                             "triton<3.7": {"BLOCK_N": 32}},
                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                            "triton<3.7": {"waves_per_eu": 1}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
+                            "triton<3.7": {"waves_per_eu": 1, "BLOCK_N": 16}}, _CDNA_WIDE, _CDNA, _CDNA_FP32),
     "gfx908": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1,
                             "triton<3.7": {"BLOCK_N": 32}},
                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
@@ -504,8 +507,10 @@ DECODE_TABLES = {
     # tiles under 3.6 and 3.9; 16x16 tiles with q resident (RELOAD_CHUNK 0) and 8 (d64) / 16 (d128) warps
     # build clean; d256 still spills at every tile tried (aot.KNOWN_SCRATCH, docs/AOT.md).
     "gfx1100": _decode_rows({"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
-                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32},
-                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "RELOAD_CHUNK": 32},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "RELOAD_CHUNK": 32,
+                             "triton<3.7": {"BLOCK_N": 16}},
+                            {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1, "RELOAD_CHUNK": 32,
+                             "triton<3.7": {"BLOCK_N": 16}},
                             {64: {"BLOCK_M": 32}, 128: {"BLOCK_M": 32}, 256: {"BLOCK_M": 32, "BLOCK_N": 16}},
                             {"waves_per_eu": 0},
                             {d: {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8 if d == 64 else 16, "num_stages": 1,
