@@ -514,12 +514,18 @@ def _fp8_round_trip_fake(x, fp8_dtype, cu_seqlens, max_seqlen):
     return x.new_empty(x.shape)
 
 
-def _forward_values(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """(q, k, v) as the quantising forward used them: each through the arch's FP8 type and back."""
+def _forward_values(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, trip=fp8_round_trip):
+    """(q, k, v) as the quantising forward used them: each through the arch's FP8 type and back (`trip`: the
+    eager function, or its custom op where the backward is traced)."""
     fp8_dtype = fp8_dtypes(q)[0]
-    trip = torch.ops.fa_amd.fp8_round_trip if torch.compiler.is_compiling() else fp8_round_trip
     return (trip(q, fp8_dtype, cu_seqlens_q, max_seqlen_q), trip(k, fp8_dtype, cu_seqlens_k, max_seqlen_k),
             trip(v, fp8_dtype, cu_seqlens_k, max_seqlen_k))
+
+
+def _traced_forward_values(*args):
+    """_forward_values through fa_amd::fp8_round_trip: AOT autograd traces a compiled backward with fake
+    tensors, and there torch.compiler.is_compiling() need not be true."""
+    return _forward_values(*args, trip=torch.ops.fa_amd.fp8_round_trip)
 
 
 def _backward(ctx, dout):
@@ -527,15 +533,14 @@ def _backward(ctx, dout):
     forward used (the saved q, k, v through FP8 and back) with its out and lse (module docstring);
     once-differentiable as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
     if torch.compiler.is_compiling():
-        bwd = torch.ops.fa_amd.attention_bwd
-    else:
-        bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
+        return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_traced_forward_values)
+    bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
     return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values)
 
 
 def _compiled_backward(ctx, dout, _dlse, _dprobs):
     """attention_fwd_fp8_quantized's backward (torch.compile): _backward's rule through custom ops."""
-    return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_forward_values)
+    return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_traced_forward_values)
 
 
 class FP8Attention(torch.autograd.Function):
