@@ -528,7 +528,9 @@ DECODE_TABLES = {
 # every version they support.  sm90: no override needed.
 DECODE_FP8 = {
     "gfx942": {64: {"BLOCK_N": 32}, 128: {"BLOCK_N": 32, "wide": {"BLOCK_M": 32}}, 256: {"waves_per_eu": 1}},
-    "gfx950": {128: {"wide": {"BLOCK_N": 32}}},
+    # (triton 3.6: the leftpad-masked V load of an FP8-cache / fp16-q call took 16x64 to 256 VGPRs and 20 B of
+    # scratch, AOT 2026-11-25; 16x32 builds clean)
+    "gfx950": {128: {"wide": {"BLOCK_N": 32}, "triton<3.7": {"BLOCK_N": 32}}},
 }
 
 # How the decode launcher splits the key axis when num_splits=0, per family (flash-attn 2's
