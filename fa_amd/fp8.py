@@ -61,6 +61,7 @@ from .kernels.forward import attention_forward
 from .kernels import launch as _launch
 from .kernels.launch import MAX_ROW_OFFSET, new_output
 from .kernels.quantize import quantize_into
+from .kvcache import _check_values_now
 from .tuning import fp8_dtype_names, fp8_min_triton, fp8_v_token_major
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -230,8 +231,6 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
     if k is not None and new_names[0] not in fp8:
         # high-precision k / v are quantised as x / descale: a descale <= 0 or NaN would write saturated or NaN
         # values into the cache; checked where the values cost no sync, as the cache's index tensors are
-        from .kvcache import _check_values_now
-
         for name, given, x in (("k_descale", k_descale, descales[1]), ("v_descale", v_descale, descales[2])):
             if given is not None and _check_values_now(x) and not bool((x > 0).all() & torch.isfinite(x).all()):
                 raise ValueError(f"{name} must be finite and > 0 to quantise the appended {new_names[0]}/"
@@ -272,9 +271,6 @@ def _quantize(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor], m
               token_major: bool, storage: bool = False) -> Tuple[Tensor, Tensor]:
     """quantize_fp8's launches (arguments checked; token_major only for dense x); storage: a token-major
     x8 as its padded storage (_token_major_storage)."""
-    x = x.detach()
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     if token_major:
         base = _token_major_storage(x.shape, fp8_dtype, x.device)
         x8 = _token_major_view(base, x.shape[1])
@@ -357,7 +353,7 @@ def _token_major_copy(v: Tensor, storage: bool = False) -> Tensor:
     base = _token_major_storage(v.shape, v.dtype, v.device)
     out = _token_major_view(base, v.shape[1])
     if v.numel():
-        quantize_into(v if v.stride(-1) == 1 else v.contiguous(), out, 0.0, scaled=False)
+        quantize_into(v, out, 0.0, scaled=False)
     return base if storage else out
 
 
@@ -494,9 +490,6 @@ def fp8_round_trip(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tenso
                    max_seqlen: Optional[int] = None) -> Tensor:
     """x quantised as quantize_fp8 does it and dequantised, in x's dtype: the values the FP8 forward of
     the quantising functions used (one amax pass and one fused cast pass, kernels/quantize.py)."""
-    x = x.detach()
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     out = new_output(x, x.shape, x.dtype)
     quantize_into(x, out, torch.finfo(fp8_dtype).max, cu_seqlens, max_seqlen, round_trip=fp8_dtype)
     return out
@@ -533,7 +526,7 @@ def _backward(ctx, dout):
     forward used (the saved q, k, v through FP8 and back) with its out and lse (module docstring);
     once-differentiable as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
     if torch.compiler.is_compiling():
-        return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_traced_forward_values)
+        return _compiled_backward(ctx, dout, None, None)
     bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
     return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values)
 

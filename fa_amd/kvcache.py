@@ -15,7 +15,6 @@ q_descale or high-precision): fa_amd.fp8.kvcache_fp8_args states and checks the 
 from __future__ import annotations
 
 import numbers
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -28,6 +27,7 @@ from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
 from .tuning import get_decode_config, tables
+from .tuning.tuned_table import getenv
 
 # "1": also check the values of device index tensors (one device->host copy per tensor version)
 CHECK_KVCACHE_ENV = "FA_AMD_CHECK_KVCACHE"
@@ -134,7 +134,7 @@ def _check_values_now(t: torch.Tensor) -> bool:
         return False
     if t.device.type == "cpu":
         return True
-    if os.environ.get(CHECK_KVCACHE_ENV, "0") != "1":
+    if getenv(CHECK_KVCACHE_ENV) != "1":  # (tuned_table.getenv: a cheaper os.environ read, per call)
         return False
     return not torch.cuda.is_current_stream_capturing()
 

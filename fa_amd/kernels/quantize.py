@@ -150,10 +150,12 @@ def quantize_into(x: torch.Tensor, out: torch.Tensor, fp8_max: float, cu_seqlens
                   scaled: bool = True, round_trip: Optional[torch.dtype] = None) -> torch.Tensor:
     """Writes x (batch, seqlen, nheads, d) -- or (total, nheads, d) with cu_seqlens -- quantised per
     (sequence, head) into `out` (same shape, an FP8 type, any strides, e.g. token-major); returns the
-    descale, fp32 (batch, nheads).  x's last dim must be contiguous.  scaled=False: `out` = x (an FP8
+    descale, fp32 (batch, nheads).  (x is copied first if its last dim is not contiguous.)  scaled=False: `out` = x (an FP8
     tensor of out's type) relaid, no descale (returns None).  round_trip (an FP8 type): `out` is in
     x's dtype and gets x quantised to that type and dequantised (the values an FP8 forward used).
     max_seqlen (varlen) only sizes the grid; every token of a segment is quantised whatever it says."""
+    if x.stride(-1) != 1:
+        x = x.detach().contiguous()
     varlen = cu_seqlens is not None
     nheads, d = x.shape[-2], x.shape[-1]
     batch = cu_seqlens.numel() - 1 if varlen else x.shape[0]
