@@ -26,10 +26,11 @@ import triton
 import triton.language as tl
 
 from ..arch import arch_for, num_sms
-from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, \
-    head_dim_chunks, memo_get, memo_put, nondeterministic_dq, table_rows
+from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, grouped_order, \
+    head_dim_chunks, memo_get, memo_put, nondeterministic_dq, program_group, table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, load_cols_t, load_row_tile, query_ranges, zero_rows
+from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, load_row_tile, query_ranges, \
+    zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
     new_output, recording, row_strides, score_args, shape_info)
@@ -206,18 +207,17 @@ def _dkdv_program(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    ATOMIC_DKDV: tl.constexpr, pid_n, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
+    ATOMIC_DKDV: tl.constexpr, pid_n, pid_h, b, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
     SPLIT_EARLY_RETURN: tl.constexpr,
 ):
-    """The dK/dV program of key block pid_n (WANT_DK / WANT_DV: which of the two it computes; D_HI: the
-    width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none; SPLIT_EARLY_RETURN: a
-    DKDV_SPLIT program past its sequence returns early too, tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES)."""
+    """The dK/dV program of key block pid_n, axis-1 slot pid_h and sequence b (WANT_DK / WANT_DV: which of the
+    two it computes; D_HI: the width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none;
+    SPLIT_EARLY_RETURN: a DKDV_SPLIT program past its sequence returns early too,
+    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
-    pid_h = tl.program_id(1)
     hk = pid_h * heads_per_prog // GROUP
-    b = tl.program_id(2)
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
     n0 = pid_n * BLOCK_N
@@ -358,7 +358,8 @@ def _store_dkdv_hi(DK, DV, dk_hi, dv_hi, dk_rows, dv_rows, head, stride_dkn, str
             tl.store(dv_ptrs, dv_hi.to(DV.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# pairs_per_group: a runtime int (it follows the launch's program count: tuning.program_group), compiled once
+@triton.jit(do_not_specialize=["pairs_per_group"])
 def attn_bwd_dkdv_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV, DQ,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
@@ -380,14 +381,15 @@ def attn_bwd_dkdv_kernel(
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0, SPLIT_EARLY_RETURN: tl.constexpr = False,
+    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False,
 ):
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # zeroed rows span D_ROW columns
     tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
     D_ROW: tl.constexpr = D_PAD + D_PAD * (D_HI > 0)
-    pid_n = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    b = tl.program_id(2)
+    # axis 0 runs the heavy causal programs first (early key blocks, then the late query blocks' dQ), in groups
+    # of pairs_per_group (batch, head slot) pairs: tail balance under causal masks
+    pid_n, pid_h, b = grouped_program_ids(pairs_per_group, GROUPED_ORDER)
     n_kv_blocks = tl.cdiv(seqlen_k, BLOCK_N)
     if FUSED_DQ:
         # programs past the n_kv_programs dK/dV ones compute dQ (DQ_BLOCK_M query rows of one of
@@ -436,7 +438,7 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, False, D_HI,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, False, D_HI,
                           SPLIT_EARLY_RETURN)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
@@ -448,7 +450,8 @@ def attn_bwd_dkdv_kernel(
                           qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, False, True, D_HI,
+                          INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, pid_h, b,
+                          False, True, D_HI,
                           SPLIT_EARLY_RETURN)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
@@ -460,7 +463,7 @@ def attn_bwd_dkdv_kernel(
                       qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, sm_scale, total_q, total_k,
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
-                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, True, True, D_HI,
+                      INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, True, D_HI,
                       SPLIT_EARLY_RETURN)
 
 
@@ -888,13 +891,16 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
             return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
 
+        group_size = program_group(arch, "bwd", d_lo + d_hi, grid0(dkdv_cfg), flags["HAS_RIGHT"])
+        order = dict(pairs_per_group=group_size, GROUPED_ORDER=True) if grouped_order(arch, "bwd") else {}
+
         # varlen: one more program row (batch index `batch`) zeroes the rows past cu_seqlens[-1]
         launch(attn_bwd_dkdv_kernel, dkdv_cfg, grid0, (hq // per_program, batch + varlen), (
             q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **chunked,
-                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles, **split_exit))
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles, **split_exit, **order))
         if atomic_dkdv:
             dk.copy_(dk_out)
             dv.copy_(dv_out)

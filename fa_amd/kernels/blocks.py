@@ -13,6 +13,30 @@ import triton.language as tl
 
 
 @triton.jit
+def grouped_program_ids(group_size, GROUPED: tl.constexpr):
+    """(axis-0 index, head, batch index) of this program on a (per-pair programs, heads, batch) grid, in groups
+    of `group_size` (>= 1) consecutive (batch, head) pairs, heads fastest (a GQA group's heads stay together):
+    the groups run in turn, and within a group the axis-0 index varies slowest, so every pair's first axis-0
+    programs start before any pair's last ones.  GPUs start programs in about linear grid order; the causal
+    kernels put their heaviest programs first on axis 0, and grouping pairs lets the light ones of a whole
+    group fill the last wave instead of one pair's (tables.PROGRAM_GROUPS).  group_size 1 is the grid
+    order: each pair's programs in turn.  GROUPED False (families without PROGRAM_GROUPS entries) compiles the
+    grid order alone: no index arithmetic live in the kernel (it cost gfx908 a 28 B spill under triton 3.2)."""
+    if not GROUPED:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_0 = tl.num_programs(0)
+    n_h = tl.num_programs(1)
+    n_bh = n_h * tl.num_programs(2)
+    linear = tl.program_id(0) + n_0 * (tl.program_id(1) + n_h * tl.program_id(2))
+    group = linear // (n_0 * group_size)
+    rank = linear - group * (n_0 * group_size)
+    size = tl.minimum(n_bh - group * group_size, group_size)  # the last group may be partial
+    pid_0 = rank // size
+    bh = group * group_size + (rank - pid_0 * size)
+    return pid_0, bh % n_h, bh // n_h
+
+
+@triton.jit
 def key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):

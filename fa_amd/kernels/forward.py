@@ -30,9 +30,9 @@ import triton.language as tl
 
 from ..arch import arch_for
 from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_get, memo_put, nan_flags_config, \
-    table_rows
+    grouped_order, program_group, table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, in_loop, key_ranges, load_cols_t, zero_rows
+from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kernel_args, launch,
     lse_strides, new_output, recording, row_strides, score_args, shape_info)
@@ -125,7 +125,8 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
     return acc, acc_hi, l_i, m_i
 
 
-@triton.jit
+# pairs_per_group: a runtime int (it follows the launch's query-block count: tuning.program_group), compiled once
+@triton.jit(do_not_specialize=["pairs_per_group"])
 def attn_fwd_kernel(
     Q, K, V, Out, Lse,
     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
@@ -144,11 +145,12 @@ def attn_fwd_kernel(
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
+    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False,
 ):
-    # heavier (later) query blocks first: better tail balance under causal masks
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    # heavier (later) query blocks first, in groups of pairs_per_group (batch, head) pairs: tail balance
+    # under causal masks
+    pid_0, h, b = grouped_program_ids(pairs_per_group, GROUPED_ORDER)
+    pid_m = tl.num_programs(0) - 1 - pid_0
     # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
     FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
@@ -582,6 +584,9 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
             nan_flags = torch.zeros((batch, hk, d_pad), device=q.device, dtype=torch.int32)
         else:
             nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
+    group_size = program_group(arch, "fwd", d_lo + d_hi, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), flags["HAS_RIGHT"],
+                               fp8)
+    order = dict(pairs_per_group=group_size, GROUPED_ORDER=True) if grouped_order(arch, "fwd") else {}
     # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
     launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
         q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
@@ -591,7 +596,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
              **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
              nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
              **({"NAN_FIXUP": True} if nan_fixup else {}),
-             POSITIVE_SCALE=softmax_scale > 0 and raw_max,
+             POSITIVE_SCALE=softmax_scale > 0 and raw_max, **order,
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if nan_fixup:
         nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)

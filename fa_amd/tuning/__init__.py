@@ -320,6 +320,26 @@ def rotary_config(arch: Arch) -> Dict:
     return _by_arch(tables.ROTARY_TILE, arch, tables.ROTARY_TILE["default"])
 
 
+def grouped_order(arch: Arch, kernel: str) -> bool:
+    """Whether the family's `kernel` ("fwd" / "bwd") launches compile the grouped program order
+    (tables.PROGRAM_GROUPS lists it): one compiled variant per family, its group size a runtime int."""
+    return bool(tables.PROGRAM_GROUPS.get(family_of(arch), {}).get(kernel))
+
+
+def program_group(arch: Arch, kernel: str, head_dim_padded: int, programs: int, causal: bool, fp8: bool = False) -> int:
+    """How many (batch, head) pairs the causal forward ("fwd") or backward ("bwd") launch runs as one group
+    (kernels/blocks.grouped_program_ids) when each pair has `programs` programs on axis 0: 1 (the grid order)
+    unless causal; then tables.PROGRAM_GROUPS' target for the family, kernel, the table row of
+    `head_dim_padded` and the dtype ("fp8" or "causal") over `programs`, within [1, tables.PROGRAM_GROUP_MAX]."""
+    by_row = tables.PROGRAM_GROUPS.get(family_of(arch), {}).get(kernel)
+    if not causal or not by_row:
+        return 1
+    rows = TABLES[family_of(arch)]
+    case = by_row.get(next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])["head_dim"], {})
+    target = case.get("fp8" if fp8 else "causal", 0)
+    return max(1, min(tables.PROGRAM_GROUP_MAX, target // max(1, programs)))
+
+
 def nan_flags_config(arch: Arch) -> Dict:
     """Launch settings of the forward's V NaN-flag pass (tables.V_NAN_FLAGS: by arch name, then family,
     then "default")."""

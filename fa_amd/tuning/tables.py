@@ -91,6 +91,31 @@ BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # 68 B at d64 causal under 3.2 (gfx908 / gfx942 / gfx950; docs/AOT.md, "The V NaN fix-up on AMD").  sm80 keeps the
 # pass (untimed, unchecked).  "cpu" (the interpreter) marks, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_FIXUP_FAMILIES = ("sm90", "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "cpu")
+# The causal kernels' program order (kernels/blocks.grouped_program_ids): (batch, head) pairs run in groups of
+# G = T // (programs per pair), clamped to [1, PROGRAM_GROUP_MAX]; each group's heavy programs (the forward's late
+# query blocks, the backward's early key blocks) start before its light ones, so the light ones fill the last
+# wave.  G = 1 is the grid order (each pair's programs in turn, heaviest first): non-causal launches (equal work
+# per program), and every family, kernel, row and case not listed.  T by family, then kernel ("fwd": the forward,
+# "bwd": the dK/dV launch with its fused dQ programs), then the kernel's table row (head_dim), then "fp8" (FP8
+# inputs) or "causal" (the others).  H100, .ci/order_ab.py (docs/TUNING_NOTES.md v23; CUDA graphs, 7 interleaved
+# rounds, TFLOP/s, grid order -> this rule):
+# - forward: bf16 d128 causal b16 s1k 274 -> 280, b4 s4k 414 -> 430, b2 s8k 424 -> 437, h16/kv4 b4 s4k 448 -> 467;
+#   FP8 d128 causal b4 s4k 599 -> 642, h16/kv4 b4 s4k 617 -> 672, b2 s8k 672 -> 694; bf16 d256 causal b4 s4k
+#   416 -> 451, b1 s16k 533 -> 545.  T stays at 256 query blocks of 64 rows for bf16 d128: G = 4 and 8 cost b1
+#   s16k 3-5 % (450 vs 467-473 in two runs), where the grid order already balances (256 blocks per pair).
+# - backward (forward+backward, the forward at this table): bf16 d128 causal h16/kv4 b2 s4k (the end-to-end
+#   anchor's shape) 371 at G = 1 / 383 / 392 / 389 at G = 2 / 4 / 8, b4 s4k 366 / 368 / 375 / 372, b1 s16k 415 /
+#   419 / 421 / 418.  d256 and d64 lost 1-4 % at G >= 4 (not listed).
+# H200 (bash .ci/gpu order, 2026-11-27, 5 rounds, grid order -> this rule): FP8 d128 causal b4 s4k 628 -> 650,
+# h16/kv4 b4 s4k 625 -> 654, b2 s8k 674 -> 688; bf16 d128 causal h16/kv4 b4 s4k 429 -> 445, b4 s4k 422 -> 418 (level);
+# bf16 d256 causal b4 s4k 414 -> 458; forward+backward h16/kv4 b2 s4k 371 -> 385.
+# Not listed: d64 (FP8 causal forward b4 s4k 447 -> 419-425 at G = 4-16), the split head dims (untimed), AMD
+# (untimed); non-causal rows moved within the rounds' spread (FP8 d128 full b1 s16k 818 -> 797 at G = 2).
+PROGRAM_GROUPS = {"sm90": {"fwd": {128: {"causal": 256, "fp8": 512}, 256: {"causal": 256, "fp8": 256}},
+                           "bwd": {128: {"causal": 512}}},
+                  # the interpreter (one table row): groups of 2-8 pairs on the tests' short sequences
+                  "cpu": {"fwd": {256: {"causal": 8, "fp8": 8}}, "bwd": {256: {"causal": 8}}}}
+PROGRAM_GROUP_MAX = 16
 # Families whose forward and backward kernels run a head dim that is not a power of two as two power-of-two
 # chunks, e.g. 192 = 128 + 64, 96 = 64 + 32, 80 = 64 + 16 (constexpr D_HI; fa_amd.tuning.head_dim_chunks),
 # instead of padding it to the next power of two: every head-dim-wide matmul then does d / d_pad of the
