@@ -313,8 +313,11 @@ def fa_amd_attention_forward(
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
-    # continuous batching: a paged cache that the attention updates itself (`cache`, Transformers <= 5.17),
-    # or one the attention module updated before calling (its bookkeeping kwargs, later versions)
+    # continuous batching: a paged cache that the attention updates itself (`cache`, whose update takes the
+    # kwargs: Transformers 5.20-5.23), or one the attention module updated before calling (its bookkeeping
+    # kwargs, 5.24 and later).
+    # (Up to 5.19 continuous batching calls Transformers' own paged function, which reaches fa_amd through the
+    # flash_attn stand-in instead.)
     # (a set test first: the common call has none of these names, and decode calls are host-bound)
     if cache is not None or (not _PAGED_NAMES.isdisjoint(kwargs)
                              and any(kwargs.get(name) is not None for name in _PAGED_NAMES)):
@@ -502,7 +505,7 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
     """Continuous batching (``generate_batch``, ``transformers serve``): the PagedAttentionCache writes
     the new keys/values (or, on a decode-only batch with a block table, hands over its pages), then
     fa_amd attends: ``flash_attn_with_kvcache`` over the pages, or varlen over the gathered keys.
-    `cache` None: the attention module already ran the cache's update (Transformers after 5.17), which
+    `cache` None: the attention module already ran the cache's update (Transformers 5.24 and later), which
     left the per-layer cu_seq_lens_k / max_length_k (and the pages) in the kwargs."""
     state = {name: kwargs.pop(name) for name in _PAGED_BOOKKEEPING + _PAGED_DECODE if name in kwargs}
     _check_kwargs(kwargs)
