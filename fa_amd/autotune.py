@@ -27,7 +27,7 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
-from .tuning import family_of, tuned_table
+from .tuning import family_of, row_for, tuned_table
 from .tuning.candidates import _strip_for, candidates, max_candidates
 from .tuning.tables import TABLES
 from .tuning.tuned_table import (AUTOTUNE_ENV, OPTIONAL_KERNELS, ROW_KERNELS, _read_file, autotune_enabled,
@@ -139,7 +139,7 @@ def tune_head_dim(arch, head_dim_padded: int, seqlen: int = 4096, causal: bool =
     log = log or (lambda msg: None)
     family = family_of(arch)
     default_rows = TABLES[family]
-    default_row = next((r for r in default_rows if r["head_dim"] >= head_dim_padded), default_rows[-1])
+    default_row = row_for(default_rows, head_dim_padded)
     if dtype is None:
         dtype = torch.float16 if arch.name == "gfx908" else torch.bfloat16
     problem = _Problem(head_dim_padded, seqlen, causal, dtype, "cuda")
@@ -212,8 +212,7 @@ def ensure_tuned(arch, head_dim_padded: int) -> None:
         return
 
     family = family_of(arch)
-    rows = TABLES[family]
-    row_dim = next((r["head_dim"] for r in rows if r["head_dim"] >= head_dim_padded), rows[-1]["head_dim"])
+    row_dim = row_for(TABLES[family], head_dim_padded)["head_dim"]
     key = (family, row_dim)
     if key in _tuned_this_process:
         return

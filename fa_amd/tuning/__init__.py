@@ -147,8 +147,14 @@ def _resolve(rows, arch: Arch, kernel: str, head_dim_padded: int, is_fp32: bool,
     return cfg
 
 
+def row_for(rows, head_dim_padded: int) -> Dict:
+    """The row of a table (rows by ascending head_dim) that a padded head dim resolves to: the first one at
+    least as wide, else the widest."""
+    return next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+
+
 def _entry(rows, kernel: str, head_dim_padded: int) -> Dict:
-    row = next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    row = row_for(rows, head_dim_padded)
     # the atomic-dQ variant of dK/dV falls back to the plain dK/dV row
     return row.get(kernel) or row["dkdv"]
 
@@ -220,8 +226,7 @@ def _decode_family(arch: Arch) -> str:
 
 def _decode_row(arch: Arch, head_dim_padded: int) -> Dict:
     """The tables.DECODE_TABLES row a padded head dim resolves to on this arch."""
-    rows = tables.DECODE_TABLES[_decode_family(arch)]
-    return next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])
+    return row_for(tables.DECODE_TABLES[_decode_family(arch)], head_dim_padded)
 
 
 def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False,
@@ -320,10 +325,15 @@ def rotary_config(arch: Arch) -> Dict:
     return _by_arch(tables.ROTARY_TILE, arch, tables.ROTARY_TILE["default"])
 
 
+def _program_groups(arch: Arch, kernel: str) -> Dict:
+    """tables.PROGRAM_GROUPS' rows of the family's `kernel` ("fwd" / "bwd"); empty when not listed."""
+    return tables.PROGRAM_GROUPS.get(family_of(arch), {}).get(kernel) or {}
+
+
 def grouped_order(arch: Arch, kernel: str) -> bool:
     """Whether the family's `kernel` ("fwd" / "bwd") launches compile the grouped program order
     (tables.PROGRAM_GROUPS lists it): one compiled variant per family, its group size a runtime int."""
-    return bool(tables.PROGRAM_GROUPS.get(family_of(arch), {}).get(kernel))
+    return bool(_program_groups(arch, kernel))
 
 
 def program_group(arch: Arch, kernel: str, head_dim_padded: int, programs: int, causal: bool, fp8: bool = False) -> int:
@@ -331,11 +341,10 @@ def program_group(arch: Arch, kernel: str, head_dim_padded: int, programs: int, 
     (kernels/blocks.grouped_program_ids) when each pair has `programs` programs on axis 0: 1 (the grid order)
     unless causal; then tables.PROGRAM_GROUPS' target for the family, kernel, the table row of
     `head_dim_padded` and the dtype ("fp8" or "causal") over `programs`, within [1, tables.PROGRAM_GROUP_MAX]."""
-    by_row = tables.PROGRAM_GROUPS.get(family_of(arch), {}).get(kernel)
+    by_row = _program_groups(arch, kernel)
     if not causal or not by_row:
         return 1
-    rows = TABLES[family_of(arch)]
-    case = by_row.get(next((r for r in rows if r["head_dim"] >= head_dim_padded), rows[-1])["head_dim"], {})
+    case = by_row.get(row_for(TABLES[family_of(arch)], head_dim_padded)["head_dim"], {})
     target = case.get("fp8" if fp8 else "causal", 0)
     return max(1, min(tables.PROGRAM_GROUP_MAX, target // max(1, programs)))
 
