@@ -8,7 +8,8 @@ output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
 * `flash_attn_func` / `flash_attn_varlen_func` with FP8 q, k, v (one FP8 type the
   arch has: tables.FP8_DTYPES) and keyword-only `q_descale`, `k_descale`, `v_descale`
   (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale; descales
-  must be > 0, as reciprocal scales are), and `out_dtype` (bfloat16 by default; float16
+  must be > 0, as reciprocal scales are: a negative q_descale * k_descale raises where the values are
+  checked without a sync, else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16
   or float32).  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
@@ -147,6 +148,23 @@ def _check_out_dtype(out_dtype) -> torch.dtype:
         raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32 (or None: bfloat16), "
                         f"got {out_dtype!r}")
     return out_dtype
+
+
+def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
+    """q_descale, checked against a negative q_descale * k_descale (the scores' scale): the forward's
+    unmasked tiles take the row max of the raw scores (tables.FWD_RAW_MAX_FAMILIES), right for a positive
+    scale only, and a branch on the sign in the kernel cost the FP8 forward 4-10 % (H200, 2026-11-28).
+    A ValueError where the values cost no sync (kvcache._check_values_now: CPU tensors, or
+    FA_AMD_CHECK_KVCACHE=1); otherwise q_descale becomes NaN there, so those (sequence, head)s' rows come
+    out NaN instead of a wrong softmax."""
+    product = q_descale * k_descale
+    if _check_values_now(product):
+        if bool((product < 0).any()):
+            raise ValueError("q_descale * k_descale must be >= 0 (descales are reciprocal scales: the real values "
+                             "are x_fp8 * descale), got a negative product for (batch, head_k) "
+                             f"{tuple((product < 0).nonzero()[0].tolist())}")
+        return q_descale
+    return torch.where(product < 0, float("nan"), q_descale)
 
 
 def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nheads_q: int) -> Tensor:
@@ -449,6 +467,8 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     nheads_q, nheads_k = q.shape[-2], k.shape[-2]
     descales = [_check_descale(name, x, batch, nheads_k, q)
                 for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    if q_descale is not None or k_descale is not None:
+        descales[0] = _score_descale(*descales[:2])
     out_dtype = _check_out_dtype(out_dtype)
     alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, nheads_q)
     sinks = _api._check_sinks(sinks, s_aux, q, nheads_q)

@@ -360,7 +360,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         capacity = k_cache.shape[1]
     seqlen_new = _check_new_kv(k, v, q, k_cache, capacity, fp8)
-    _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
+    _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, rotary_cos=rotary_cos,
+                rotary_sin=rotary_sin, alibi_slopes=alibi_slopes, sinks=sinks, s_aux=s_aux, q_descale=q_descale,
+                k_descale=k_descale, v_descale=v_descale)
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
     for name, flag in (("rotary_interleaved", rotary_interleaved), ("return_softmax_lse", return_softmax_lse)):
@@ -554,7 +556,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                          f"inference), got {dropout_p!r}")
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
                                                          False)
-    _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v)
+    _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v, alibi_slopes=alibi_slopes,
+                sinks=sinks, s_aux=s_aux, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     for name, t in (("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head) dimension")

@@ -492,6 +492,30 @@ def test_gradients_are_refused(device):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
 
 
+def test_gradients_of_the_other_tensor_arguments_are_refused(device):
+    """rotary tables, ALiBi slopes and sinks that require grad would be silently detached (the decode
+    kernels are forward-only): an error names them, on flash_attn_with_kvcache and the paged varlen route."""
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, cache=32)
+    d = q.shape[-1]
+    cos, sin = torch.rand(64, d // 4, device=device), torch.rand(64, d // 4, device=device)
+    slopes = torch.rand(q.shape[2], device=device)
+    for name, extra in (("rotary_cos", dict(rotary_cos=cos.clone().requires_grad_(), rotary_sin=sin)),
+                        ("rotary_sin", dict(rotary_cos=cos, rotary_sin=sin.clone().requires_grad_())),
+                        ("alibi_slopes", dict(alibi_slopes=slopes.clone().requires_grad_())),
+                        ("sinks", dict(sinks=torch.zeros(q.shape[2], device=device, requires_grad=True)))):
+        with pytest.raises(ValueError, match=f"forward-only.*{name} requires grad"):
+            fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **extra, **kw)
+        with torch.no_grad():
+            fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **extra, **kw)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 20, 40], dtype=torch.int32, device=device)
+    table = torch.arange(4, dtype=torch.int32, device=device).view(2, 2)
+    pages_k, pages_v = k_cache[:2].reshape(4, 16, *k_cache.shape[2:]), v_cache[:2].reshape(4, 16, *v_cache.shape[2:])
+    with pytest.raises(ValueError, match="alibi_slopes requires grad"):
+        fa_amd.flash_attn_varlen_func(q[:, 0], pages_k, pages_v, cu, cu_k, 1, 20, block_table=table,
+                                      alibi_slopes=slopes.clone().requires_grad_())
+
+
 def test_bad_device_values_never_touch_memory_outside_the_tensors(device, monkeypatch):
     """With the value checks off (the GPU default: they would need a device sync), out-of-range
     cache_seqlens / leftpad / cache_batch_idx / block_table / rotary positions are clamped in the

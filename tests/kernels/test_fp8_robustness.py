@@ -255,6 +255,45 @@ def test_nan_in_fp8_inputs_reaches_the_output(device):
         assert ref.isnan().any() and torch.equal(out.isnan(), ref.isnan()), name
 
 
+# --------------------------------------------------------------------------- negative descales
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_negative_descale_products(device, causal, monkeypatch):
+    """The forward's unmasked tiles take the raw scores' row max, right for a positive score scale only
+    (fp8._score_descale).  q_descale * k_descale < 0: a ValueError where the values are read without a sync
+    (CPU tensors), else NaN rows for exactly those (sequence, KV head)s -- never a wrong softmax.  A positive
+    product of two negative descales is the attention of the real values x8 * descale (float64, P's rounding).
+    Dense GQA and varlen."""
+    torch.manual_seed(5)
+    q8, k8, v8 = _fresh(2, 41, 4, 64, device=device).to(E4M3), *(_fresh(2, 41, 2, 64, device=device).to(E4M3)
+                                                                  for _ in range(2))
+    qd = torch.full((2, 2), 1.25, device=device)
+    kd = torch.full((2, 2), 0.75, device=device)
+    qd[0, 1], kd[0, 1] = -1.25, -0.75  # product > 0: fine
+    kd[1, 0] = -0.75  # product < 0
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"q_descale \* k_descale must be >= 0.*\(1, 0\)"):
+            fa_amd.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd)
+    monkeypatch.setattr(fp8_mod, "_check_values_now", lambda t: False)  # as on a GPU without FA_AMD_CHECK_KVCACHE
+    got = fa_amd.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, out_dtype=torch.float32)
+    nan = torch.zeros_like(got, dtype=torch.bool)
+    nan[1, :, :2] = True  # batch 1, query heads 0-1 (KV head 0)
+    assert torch.equal(got.isnan(), nan)
+    real_q = q8.double() * qd.double().repeat_interleave(2, dim=1)[:, None, :, None]
+    exact, _ = attention_ref(real_q, k8.double() * kd.double()[:, None, :, None], v8.double(), causal=causal)
+    ok = ~nan
+    assert (got.double()[ok] - exact[ok]).abs().max().item() <= 2 ** -4 * exact.abs().max().item()
+    cu = cu_seqlens([41, 0, 35], device)
+    qv, kv, vv = (torch.cat([x[0], x[1, :35]]) for x in (q8, k8, v8))
+    qdv = torch.ones(3, 2, device=device)
+    qdv[2, 1] = -0.5
+    out = fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu, 41, 41, causal=causal, q_descale=qdv,
+                                        out_dtype=torch.float32)
+    assert torch.equal(out.isnan().any(-1), torch.arange(76, device=device)[:, None].ge(41) &
+                       torch.tensor([False, False, True, True], device=device))
+
+
 # --------------------------------------------------------------------------- descales that require grad
 
 
