@@ -104,6 +104,15 @@ def _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, varlen, return_attn_
             with_int32_row_offsets("v", v, max_seqlen_k, varlen))
 
 
+_MAX_WINDOW = 2 ** 31 - 1
+
+
+def _is_finite(x) -> bool:
+    """math.isfinite for Python numbers and the symbolic floats torch.compile(dynamic=True) passes (inf - inf
+    and nan - nan are nan; math.isfinite does not trace)."""
+    return x - x == 0
+
+
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                        return_attn_probs):
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
@@ -114,7 +123,7 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
         softmax_scale = head_dim ** -0.5
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
+    if not _is_finite(softmax_scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     for name, flag in (("causal", causal), ("deterministic", deterministic),
                        ("return_attn_probs", return_attn_probs)):
@@ -126,13 +135,16 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
     left, right = window_size
     if left < -1 or right < -1:
         raise ValueError(f"window_size entries must be >= -1 (-1 = unbounded), got {tuple(window_size)}")
+    # a window past any sequence fa_amd takes (its offsets are int32) is no window: -1, so no kernel argument
+    # outgrows the int64 that Triton specialises ints into
+    left, right = (-1 if w > _MAX_WINDOW else w for w in (left, right))
     if causal:
         right = 0
     if softcap is None:
         softcap = 0.0
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if not (math.isfinite(softcap) and softcap >= 0.0):
+    if not (_is_finite(softcap) and softcap >= 0.0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
     _check_float32_range(float(softmax_scale), float(softcap))
     return float(dropout_p), float(softmax_scale), int(left), int(right), float(softcap)

@@ -198,6 +198,87 @@ class EagerAttention(torch.autograd.Function):
         return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 
 
+# ----------------------------------------------------------------- packed sequences marked by position ids
+# One row holding several sequences whose position ids restart (Transformers' DataCollatorWithFlattening with
+# no cu_seq_lens kwargs): where they restart is data, read on the host.  Eagerly the caller reads it once per
+# forward (memoized); under torch.compile that read would be a graph break, so these ops take the position
+# ids themselves and read the boundaries inside, where the tracer does not look.
+
+
+def packed_bounds_from_positions(position_ids: Tensor):
+    """(cu_seqlens int32, max_seqlen Python int) of packed sequences from position ids that restart at their
+    minimum: DataCollatorWithFlattening writes 0..n0-1, 0..n1-1, ... into one row, and every occurrence of the
+    row's minimum starts a sequence (a row that opens mid-sequence, 3, 4, 0, 1, ..., still starts one at its
+    first token).  A device->host sync: the Transformers glue memoizes it per forward, these ops run it inside."""
+    flat = position_ids.reshape(-1)
+    is_start = flat == flat.min()
+    is_start[0] = True
+    starts = is_start.nonzero().view(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
+    return cu, int(cu.diff().max().item())
+
+
+@torch.library.custom_op("fa_amd::attention_fwd_by_positions", mutates_args=())
+def attention_fwd_by_positions(
+    q: Tensor, k: Tensor, v: Tensor, position_ids: Tensor,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    rng_state: Optional[Tensor], deterministic: bool, sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of varlen q, k, v (total, heads, d) packed as position_ids say (one row)."""
+    cu, longest = packed_bounds_from_positions(position_ids)
+    out, lse, _ = attention_forward(q, k, v, cu, cu, longest, longest, dropout_p, softmax_scale, window_left,
+                                    window_right, softcap, None, rng_state, False, sinks)
+    return out, lse
+
+
+@attention_fwd_by_positions.register_fake
+def _attention_fwd_by_positions_fake(q, k, v, position_ids, dropout_p, softmax_scale, window_left, window_right,
+                                     softcap, rng_state, deterministic, sinks=None):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa_amd::attention_bwd_by_positions", mutates_args=())
+def attention_bwd_by_positions(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, position_ids: Tensor,
+    dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    rng_state: Optional[Tensor], deterministic: bool, sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    cu, longest = packed_bounds_from_positions(position_ids)
+    return _backward_impl(dout, q, k, v, out, softmax_lse, cu, cu, longest, longest, dropout_p, softmax_scale,
+                          window_left, window_right, softcap, None, rng_state, deterministic, sinks)
+
+
+@attention_bwd_by_positions.register_fake
+def _attention_bwd_by_positions_fake(dout, q, k, v, out, softmax_lse, position_ids, dropout_p, softmax_scale,
+                                     window_left, window_right, softcap, rng_state, deterministic, sinks=None):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+def _setup_by_positions(ctx, inputs, output):
+    q, k, v, position_ids, *params = inputs[:11]
+    rng_state = params[5]
+    sinks = inputs[11] if len(inputs) > 11 else None
+    out, lse = output
+    ctx.num_inputs = len(inputs)
+    ctx.save_for_backward(q, k, v, out, lse, position_ids, rng_state, sinks)
+    ctx.params = (*params[:5], params[6])  # dropout_p, scale, left, right, softcap, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_by_positions(ctx, dout, _dlse):
+    q, k, v, out, lse, position_ids, rng_state, sinks = ctx.saved_tensors
+    dropout_p, scale, left, right, softcap, deterministic = ctx.params
+    dq, dk, dv, dsinks = torch.ops.fa_amd.attention_bwd_by_positions(
+        dout.contiguous(), q, k, v, out, lse, position_ids, dropout_p, scale, left, right, softcap, rng_state,
+        deterministic, sinks)
+    return (dq, dk, dv) + (None,) * 8 + ((dsinks if sinks is not None else None),)[:ctx.num_inputs - 11]
+
+
+attention_fwd_by_positions.register_autograd(_backward_by_positions, setup_context=_setup_by_positions)
+attention_bwd_by_positions.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
 def attention(*inputs):
     """(out, softmax_lse, probs) for attention_fwd's arguments (the 17th, `sinks`, optional),
     differentiable in q, k, v (and sinks): the custom op while torch.compile (or another tracer:

@@ -135,6 +135,22 @@ def _update():
         _library = None
         _restore_flash_impl(_flash_undo)
         _flash_undo = None
+    else:
+        return
+    _clear_dispatch_caches()
+
+
+def _clear_dispatch_caches():
+    """Forget what the Python dispatcher (torch.compile's tracing) cached for the ops the route changes: a
+    choice cached with the route on (or off) outlives the switch otherwise -- after torch.compiler.reset() a
+    model compiled outside the route kept the route's kernel without its autograd (no gradients before the
+    attention), and one compiled inside it kept torch's own kernel."""
+    for name in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_flash_attention_backward"):
+        overload = getattr(getattr(torch.ops.aten, name, None), "default", None)
+        cache = getattr(overload, "_dispatch_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
 
 
 def _destroy(lib):
@@ -215,8 +231,8 @@ def _unservable(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
         return f"batch or heads > {interface.MAX_GRID_YZ}"
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         return "dropout_p outside [0, 1)"
-    if scale is not None and not math.isfinite(scale):
-        return "a non-finite scale"
+    if scale is not None and not (math.isfinite(scale) and abs(scale) <= interface.MAX_SOFTMAX_SCALE):
+        return f"a non-finite scale or |scale| > {interface.MAX_SOFTMAX_SCALE:.0e} (the kernels' float32 scores)"
     if attn_mask is not None:
         if is_causal:
             return "attn_mask together with is_causal"

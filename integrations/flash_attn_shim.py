@@ -349,7 +349,8 @@ def _patch_transformers_fa2() -> None:
     AttentionInterface.register("flash_attention_2", fa_amd_attention_forward)
     if _patched_transformers:
         return
-    supported_devices = ((torch.cuda.is_available, "cuda"), (_interpreter_on, "cpu (Triton interpreter)"))
+    # (device strings: Transformers' messages suggest `model.to(<name>)`; "cpu" only under Triton's interpreter)
+    supported_devices = ((torch.cuda.is_available, "cuda"), (_interpreter_on, "cpu"))
     entry = dict(matrix[2])
     entry.update(
         general_availability_check=_fa_amd_usable_check,

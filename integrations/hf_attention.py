@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from fa_amd.memo import memo_per_tensor
+from fa_amd.ops import packed_bounds_from_positions
 
 logger = logging.getLogger(__name__)
 
@@ -231,17 +232,34 @@ def _segments(mask: torch.Tensor):
     return order // length, order % length, inverse, cu_seqlens, mask.clone()
 
 
-def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
-    """The keep-mask of the queries when they are fewer than the keys (decode, chunked prefill).
+def _keep_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The keys a 2D mask keeps, as bool (nonzero: fa_amd's own uint8 masks (_query_ends) keep their nonzero
+    values so that Transformers' bool conversion of one given back keeps the same keys)."""
+    return mask.to(torch.bool)
 
-    The queries are the newest tokens: the query_length columns ending at each row's last kept
-    key (the cache's end, or the newest filled slot of a static cache whose unfilled tail the
-    mask marks as padding).
-    """
+
+def _query_ends(mask: torch.Tensor) -> torch.Tensor:
+    """Per row, one past the key column of the newest query token, int32 (no sync).
+
+    The queries are the newest tokens, so they end the keys (flash-attn's convention, Transformers'
+    `attention_mask[:, -query_length:]`) -- padded or not: a right-padded chunk's real tokens sit
+    before its padding.  The exception is fa_amd's own uint8 mask for a cache whose tail may be
+    unfilled (a static cache hands over its whole buffer): there the newest filled slot holds 3 in
+    the rows that keep it (1 elsewhere kept, 0 padded or unfilled), and the queries end after it; in a
+    batch where no row keeps it, each row's queries end after its last kept key."""
     length = mask.shape[1]
-    last = length - 1 - torch.argmax(mask.flip(-1).to(torch.uint8), dim=-1)
-    cols = last[:, None] - (query_length - 1) + torch.arange(query_length, device=mask.device)[None, :]
-    return mask.gather(1, cols.clamp(min=0)) & (cols >= 0)
+    if mask.dtype != torch.uint8:
+        return torch.full((mask.shape[0],), length, dtype=torch.int32, device=mask.device)
+    index = torch.arange(1, length + 1, device=mask.device, dtype=torch.int32)
+    marked = ((mask == 3) * index).amax()
+    return torch.where(marked > 0, marked, ((mask != 0) * index).amax(-1)).to(torch.int32)
+
+
+def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
+    """The keep-mask of the queries when they are fewer than the keys (decode, chunked prefill): the
+    query_length columns that end at each row's _query_ends."""
+    cols = _query_ends(mask)[:, None] - query_length + torch.arange(query_length, device=mask.device)[None, :]
+    return _keep_mask(mask).gather(1, cols.clamp(min=0)) & (cols >= 0)
 
 
 def _pack(x: torch.Tensor, segments) -> torch.Tensor:
@@ -257,20 +275,8 @@ def _unpack(out: torch.Tensor, segments, batch: int, length: int) -> torch.Tenso
     return torch.where(keep.view(batch, length, 1, 1), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def cu_seqlens_from_position_ids(position_ids: torch.Tensor):
-    """Packed-sequence boundaries from position ids that restart at their minimum.
-
-    DataCollatorWithFlattening writes position ids 0..n0-1, 0..n1-1, ... into a
-    single row; every occurrence of the row's minimum starts a new sequence.
-    Returns (cu_seqlens int32, max_seqlen python int).
-    """
-    flat = position_ids.reshape(-1)
-    is_start = flat == flat.min()
-    is_start[0] = True  # a row that opens mid-sequence (positions 3, 4, 0, 1, ...) still starts a segment
-    starts = is_start.nonzero().view(-1).to(torch.int32)
-    cu_seqlens = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
-    max_seqlen = int(cu_seqlens.diff().max().item())
-    return cu_seqlens, max_seqlen
+# packed-sequence boundaries from restarting position ids: (cu_seqlens int32, max_seqlen)
+cu_seqlens_from_position_ids = packed_bounds_from_positions
 
 
 def _is_packed(position_ids: Optional[torch.Tensor], batch_size: int) -> bool:
@@ -369,7 +375,10 @@ def fa_amd_attention_forward(
     )
     common.update(sink_kwargs)
 
-    if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k):
+    # (a sliding window over a padded cache: the decode kernel's window counts cache slots, as eager does; the
+    # varlen route packs the kept keys, so gaps in the mask (a left-padded chunk after the cache) would shrink it)
+    windowed = window_size[0] >= 0 and attention_mask is not None
+    if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k, any_length=windowed):
         out = _decode_attention(query, key, value, attention_mask, common)
         return (out if v_head_dim == head_dim else out[..., :v_head_dim]), None
     flash_attn_func, flash_attn_varlen_func = _kernels()
@@ -403,6 +412,14 @@ def fa_amd_attention_forward(
             **common,
         )
         out = out.view(batch_size, -1, *out.shape[-2:])
+    elif (torch.compiler.is_compiling() and position_ids is not None and batch_size == 1
+          and position_ids.shape[-1] > 1 and key.shape[1] == query_length):
+        # traced: whether the positions restart is data (a graph break); the op reads it inside
+        if position_ids.numel() != query_length:
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
+                "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
+        out = _attention_by_positions(query, key, value, position_ids, common)
     elif _is_packed(position_ids, batch_size):
         if position_ids.numel() != query_length:
             raise ValueError(
@@ -431,25 +448,45 @@ def fa_amd_attention_forward(
     return out, None
 
 
-def _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k) -> bool:
-    """A KV cache holds earlier tokens (more keys than queries), the new tokens are few, and nothing
-    needs a backward (the decode kernel is forward-only): (b, s, h, d) layout."""
+def _attention_by_positions(query, key, value, position_ids, common):
+    """One (1, L, h, d) row that may pack several sequences (positions restarting), under torch.compile:
+    fa_amd::attention_fwd_by_positions finds the sequences inside the op (eagerly, _is_packed reads them
+    once per forward instead)."""
+    from fa_amd import interface
+
+    _, length, hq, d = query.shape
+    dropout_p, scale, left, right, softcap = interface._normalize_scalars(
+        d, common["dropout_p"], common["softmax_scale"], common["causal"], common["window_size"], common["softcap"],
+        common["deterministic"], False)
+    q, k, v = (interface._last_dim_contiguous(x.reshape(-1, *x.shape[2:])) for x in (query, key, value))
+    interface._check_qkv(q, k, v, varlen=True)
+    sinks = interface._check_sinks(common.get("sinks"), common.get("s_aux"), q, hq)
+    out, _ = torch.ops.fa_amd.attention_fwd_by_positions(
+        q, k, v, position_ids.reshape(-1), dropout_p, scale, left, right, softcap,
+        interface._rng_state(dropout_p, q.device), common["deterministic"], *((sinks,) if sinks is not None else ()))
+    return out.view(1, length, hq, d)
+
+
+def _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k, any_length=False) -> bool:
+    """A KV cache holds earlier tokens (more keys than queries), the new tokens are few (or `any_length`),
+    and nothing needs a backward (the decode kernel is forward-only): (b, s, h, d) layout."""
     if cu_seq_lens_q is not None or cu_seq_lens_k is not None or dropout_p > 0.0:
         return False
-    if query.shape[1] > DECODE_MAX_QUERY_LEN or key.shape[1] <= query.shape[1]:
+    if (query.shape[1] > DECODE_MAX_QUERY_LEN and not any_length) or key.shape[1] <= query.shape[1]:
         return False
     return not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
 
 
 def _decode_bounds(mask: torch.Tensor):
-    """(first kept key, last kept key + 1, per-key mask or None) per row of a 2D padding mask, on the
-    device (no sync).  The kernel attends keys [first, end); the per-key mask also drops holes, which a
-    left-padded generate() mask never has but a hand-made one may; masks the "fa_amd" mask function
-    built itself (a static cache's filled prefix) are hole-free and need none."""
-    keep = mask.to(torch.bool)
+    """(first kept key, end of the queries' keys, per-key mask or None) per row of a 2D padding mask, on
+    the device (no sync).  The kernel attends keys [first, end), the queries ending at `end` (_query_ends);
+    the per-key mask also drops holes (a right-padded chunk's padding, or gaps in a hand-made mask; a
+    left-padded generate() mask has none); masks the "fa_amd" mask function built itself for a static
+    cache without padding (a filled prefix) are hole-free and need none."""
+    keep = _keep_mask(mask)
     length = keep.shape[1]
     index = torch.arange(1, length + 1, device=keep.device, dtype=torch.int32)
-    end = (keep * index).amax(-1).to(torch.int32)
+    end = _query_ends(mask)
     # first kept key = length - max over kept keys of (length - key): int32 products and max only (a
     # where(keep, index - 1, length).amin() made inductor's reduction carry int32 into an int64 loop value,
     # which Triton refuses to compile: generate() with a static cache under torch.compile, torch 2.11)
@@ -563,7 +600,8 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
     batch_size, query_length = query.shape[:2]
     # self-attention: the queries are the last query_length mask columns (below)
     check_padding_mask(attention_mask, batch_size, query_length if common["causal"] else None)
-    mask = attention_mask.to(device=query.device, dtype=torch.bool)
+    raw = attention_mask.to(device=query.device)
+    mask = _keep_mask(raw)
     # A cache buffer longer than the mask (another mask builder's static-cache mask): its tail is unused.
     if key.shape[1] > mask.shape[1]:
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
@@ -577,7 +615,7 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
         seg_q = seg_k
     else:
         seg_q = memo_per_tensor(attention_mask, ("query_segments", query_length, device),
-                                lambda _: _segments(_query_columns(mask, query_length)))
+                                lambda _: _segments(_query_columns(raw, query_length)))
     out = flash_attn_varlen_func(
         _pack(query, seg_q),
         _pack(key, seg_k),
@@ -591,6 +629,36 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
     if isinstance(out, tuple):
         out = out[0]
     return _unpack(out, seg_q, batch_size, query_length)
+
+
+# The pieces of Transformers' mask functions (transformers.masking_utils, by qualified name) that fa_amd's kernels
+# compute themselves: causal / bidirectional, sliding windows, padding, packed sequences, and the wrappers that
+# intersect or shift them.  Anything else -- chunked attention (chunked_overlay), bidirectional blocks
+# (blockwise_overlay), a union (or_masks), a model's own overlay -- changes which keys a query sees.
+_MASK_PARTS_COMPUTED = ("causal_mask_function", "bidirectional_mask_function", "sliding_window_overlay.",
+                        "sliding_window_bidirectional_overlay.", "padding_mask_function.",
+                        "packed_sequence_mask_function.", "and_masks.", "remap_positions_for_packed_sequence.",
+                        "add_offsets_to_mask_function.")
+
+
+def _mask_part_not_computed(mask_function, depth: int = 0) -> Optional[str]:
+    """The name of the first piece of a Transformers mask function (walked through the closures of its
+    wrappers) that fa_amd does not compute, or None."""
+    module = getattr(mask_function, "__module__", None) or ""
+    name = getattr(mask_function, "__qualname__", None) or type(mask_function).__name__
+    if module != "transformers.masking_utils" or not name.startswith(_MASK_PARTS_COMPUTED) or depth > 16:
+        return f"{module}.{name}" if module else name
+    for cell in getattr(mask_function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        for part in value if isinstance(value, (tuple, list)) else (value,):
+            if callable(part) and not isinstance(part, (torch.Tensor, type)):
+                unsupported = _mask_part_not_computed(part, depth + 1)
+                if unsupported:
+                    return unsupported
+    return None
 
 
 def fa_amd_attention_mask(
@@ -608,16 +676,27 @@ def fa_amd_attention_mask(
     Column ``j`` is the key slot at position ``kv_offset + j`` (how Transformers lays out caches,
     sliding ones included).  A slot is kept when the padding mask keeps that position and, for
     decoder self-attention, when it is filled (position < ``q_offset + q_length``): a static cache
-    hands over its whole buffer, and its unfilled tail is marked as padding, so shapes never
-    depend on how full it is.  None (the dense path) when nothing is masked; under
+    hands over its whole buffer, and its unfilled tail is marked as padding, so shapes never depend on
+    how full it is.  Where such a tail can exist the mask is uint8, its newest filled slot marked
+    (_query_ends), else bool.  None (the dense path) when nothing is masked; under
     ``torch.compile`` that is decided from shapes only (no ``mask.all()``: no sync, no graph
     break), so a compiled padded batch always gets its mask.
     """
+    if mask_function is not None and not torch.compiler.is_compiling():
+        unsupported = _mask_part_not_computed(mask_function)
+        if unsupported:
+            raise ValueError(
+                f"fa_amd computes causal, bidirectional, sliding-window, padding and packed-sequence masks only; this "
+                f"model's mask adds another pattern ({unsupported}: e.g. chunked attention, bidirectional image-token "
+                f"blocks, or a custom or_mask_function / and_mask_function), which fa_amd would silently drop. Use "
+                f"attn_implementation='sdpa' or 'eager' for this model.")
     # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
     # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
     # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
     check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
+    if attention_mask is not None and attention_mask.dtype == torch.uint8:
+        attention_mask = _keep_mask(attention_mask)  # one of ours given back (below): its kept keys
     filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
     if attention_mask is None:
         if not building_causal:
@@ -653,6 +732,10 @@ def fa_amd_attention_mask(
             keep = keep & (position < filled)
     if not torch.compiler.is_compiling() and bool(keep.all()):
         return None  # eager: nothing masked after all, the dense kernel is cheaper
+    if building_causal and (isinstance(filled, torch.Tensor) or kv_offset + kv_length > filled):
+        # slots past `filled` hold no token yet: the newest filled slot is marked (3 where kept), so the
+        # attention knows where the queries end (_query_ends) also when a row's newest ones are padding
+        keep = (keep.to(torch.uint8) * torch.where(position == filled - 1, 3, 1)).to(torch.uint8)
     if attention_mask is None:
         # a static cache's filled prefix: no holes, so the decode kernel needs only its bounds
         memo_per_tensor(keep, _FILL_MASK, lambda _: True)

@@ -136,6 +136,8 @@ def test_mask_builder_is_idempotent_on_its_own_masks():
         assert first is not None and first.shape == (3, kv_length)
         position = kv_offset + torch.arange(kv_length)
         expected = padding[:, position.clamp(max=14)] & (position < 15)
+        if kv_offset + kv_length > 15:  # an unfilled tail: uint8, the newest filled slot 3 where kept
+            expected = (expected.to(torch.uint8) * torch.where(position == 14, 3, 1)).to(torch.uint8)
         assert torch.equal(first, expected)
         assert torch.equal(hf_attention.fa_amd_attention_mask(**args, attention_mask=first), first)
 
@@ -161,6 +163,113 @@ def test_decode_with_mask_holes_and_static_buffer_tail(device):
         vv = v[row:row + 1, :, :length][:, :, keep[row]].transpose(1, 2)
         ref, _ = attention_ref(q[row:row + 1].transpose(1, 2), kk, vv, causal=False)
         torch.testing.assert_close(out[row:row + 1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def _sharp_twins(config_cls, device, **config):
+    """Two copies of one tiny random model (eager, fa_amd), q/k weights x8 so the attention is far from uniform
+    and a wrong mask cannot hide in near-uniform weights."""
+    import copy
+
+    cfg = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, **config)
+    models = {}
+    for impl in ("eager", "fa_amd"):
+        torch.manual_seed(0)
+        models[impl] = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg),
+                                                                     attn_implementation=impl).to(device).eval()
+    with torch.no_grad():
+        for name, p in models["eager"].named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    return models
+
+
+def _chunk_after_a_prompt(models, new_mask):
+    """Each model's logits for a new chunk (padded as new_mask says) on a DynamicCache filled by a 6-token prompt."""
+    from transformers import DynamicCache
+
+    device = new_mask.device
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, VOCAB, (2, 6), generator=gen).to(device)
+    new = torch.randint(3, VOCAB, tuple(new_mask.shape), generator=gen).to(device)
+    full = torch.cat([torch.ones(2, 6, dtype=torch.long, device=device), new_mask], 1)
+    positions = (full.cumsum(-1) - 1).clamp(min=0)[:, -new_mask.shape[1]:]
+    out = {}
+    for impl, model in models.items():
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            out[impl] = model(input_ids=new, attention_mask=full, position_ids=positions, past_key_values=cache,
+                              use_cache=True).logits
+    return out
+
+
+def _real_token_logit_error(out, mask):
+    return ((out["fa_amd"] - out["eager"]).abs() * mask[..., None]).max().item()
+
+
+@pytest.mark.parametrize("new_tokens", [4, 20])  # the decode kernel's route, the varlen one
+def test_right_padded_chunk_on_a_cache_matches_eager(device, new_tokens):
+    """A batch continues on a filled cache with new chunks of different lengths, right-padded: the queries
+    end the keys (Transformers' flash convention), so the real tokens sit before the padding (audit
+    2026-11-28: they were aligned to the row's last kept key, logits off by 0.2-0.4)."""
+    new_mask = torch.ones(2, new_tokens, dtype=torch.long, device=device)
+    new_mask[1, new_tokens // 2:] = 0
+    out = _chunk_after_a_prompt(_sharp_twins(LlamaConfig, device), new_mask)
+    assert _real_token_logit_error(out, new_mask) < 1e-4
+
+
+@pytest.mark.parametrize("length", [8, 20])
+def test_right_padded_prefill_into_a_static_cache_matches_eager(device, length):
+    """fa_amd's mask for a cache with an unfilled tail marks the newest filled slot in the rows that keep it,
+    so a right-padded prompt's real tokens keep their places (audit 2026-11-28: logits off by 0.45-0.7)."""
+    from transformers import StaticCache
+
+    models = _sharp_twins(LlamaConfig, device)
+    ids = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, length * 2 // 3:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    out = {}
+    for impl, model in models.items():
+        with torch.no_grad():
+            out[impl] = model(input_ids=ids, attention_mask=mask, use_cache=True,
+                              past_key_values=StaticCache(config=model.config, max_cache_len=32)).logits
+    assert _real_token_logit_error(out, mask) < 1e-4
+
+
+def test_sliding_window_over_a_left_padded_chunk_matches_eager(device):
+    """A sliding window (Mistral, 5) on a cache continued by a left-padded 20-token chunk: gaps in the middle of
+    the mask.  The window counts cache slots, as eager does (the decode kernel; the varlen route packed the
+    kept keys and counted the window over them: logits off by 0.67, audit 2026-11-28)."""
+    from transformers import MistralConfig
+
+    new_mask = torch.ones(2, 20, dtype=torch.long, device=device)
+    new_mask[1, :10] = 0
+    out = _chunk_after_a_prompt(_sharp_twins(MistralConfig, device, sliding_window=5), new_mask)
+    assert _real_token_logit_error(out, new_mask) < 1e-4
+
+
+def test_mask_patterns_fa_amd_does_not_compute_raise():
+    """Chunked attention (Llama 4), bidirectional blocks or a model's own or/and overlay (Gemma 3's image
+    tokens) would be silently dropped: the mask builder raises; the patterns it computes pass."""
+    mu = pytest.importorskip("transformers.masking_utils")
+    padding = torch.ones(2, 10, dtype=torch.bool)
+    padding[1, :3] = False
+    args = dict(batch_size=2, q_length=10, kv_length=10, attention_mask=padding)
+    for fine in (mu.causal_mask_function, mu.sliding_window_causal_mask_function(4),
+                 mu.and_masks(mu.causal_mask_function, mu.padding_mask_function(padding))):
+        assert hf_attention.fa_amd_attention_mask(**args, mask_function=fine) is not None
+
+    def image_blocks(batch_idx, head_idx, q_idx, kv_idx):  # a model's own overlay
+        return kv_idx < 0
+
+    for unsupported in (mu.chunked_causal_mask_function(4, torch.zeros(2, dtype=torch.long)),
+                        mu.or_masks(mu.causal_mask_function, image_blocks),
+                        mu.and_masks(mu.causal_mask_function, image_blocks)):
+        with pytest.raises(ValueError, match="fa_amd computes causal.*attn_implementation='sdpa'"):
+            hf_attention.fa_amd_attention_mask(**args, mask_function=unsupported)
 
 
 def test_training_forward_with_a_cache_keeps_the_differentiable_kernel(device, decode_calls):

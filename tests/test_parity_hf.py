@@ -160,6 +160,33 @@ def _packed_vs_padded(family, device, dtype, tol):
     torch.testing.assert_close(by_cu.float(), ref.float(), **tol)
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_one_row_under_torch_compile_fullgraph(device, packed):
+    """A batch-1 forward with position ids and no mask (packed documents, or one plain sequence) compiles with
+    fullgraph=True: where the positions restart is read inside fa_amd::attention_fwd_by_positions, not by
+    the traced code (a data-dependent guard there refused fullgraph, audit 2026-11-28); logits and gradients
+    match the same model's eager run."""
+    samples = _samples(device) if packed else _samples(device, lengths=(19,))
+    features = [{"input_ids": s} for s in samples]
+    batch = DataCollatorWithFlattening(return_position_ids=True)(features, return_tensors="pt")
+    ids, positions = batch["input_ids"].to(device), batch["position_ids"].to(device)
+    model = tiny_model("llama", device)
+
+    def loss_of(forward):
+        model.zero_grad(set_to_none=True)
+        logits = forward(input_ids=ids, position_ids=positions, use_cache=False).logits
+        logits.float().square().mean().backward()
+        return logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+
+    want, want_grad = loss_of(model)
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got, got_grad = loss_of(torch.compile(model, fullgraph=True, backend=backend))
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, **FP32_TOL)
+    torch.testing.assert_close(got_grad, want_grad, **FP32_TOL)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_sequences_match_padded(family, device):
     _packed_vs_padded(family, device, torch.float32, FP32_TOL)

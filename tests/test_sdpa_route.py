@@ -258,6 +258,43 @@ def test_torch_compile_traces_through_the_route(device, served):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_compiles_after_switching_the_route_see_the_switch(device, served):
+    """torch.compile's dispatcher caches per op which kernel a call takes: switching the route clears it.
+    Compiled inside the route, then (after torch.compiler.reset()) outside it, a model's parameters before the
+    attention still get their gradients; compiled outside, then inside, the graph holds fa_amd's op."""
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    torch.manual_seed(0)
+    wqkv, wo = torch.randn(32, 96, device=device).requires_grad_(), torch.randn(32, 32, device=device)
+
+    def model(x):
+        q, k, v = (x @ wqkv).view(2, 11, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 11, 32) @ wo)
+
+    x = torch.randn(2, 11, 32, device=device)
+    want = torch.autograd.grad(model(x).sum(), wqkv)[0]
+    torch.compiler.reset()
+    with fa_amd.sdpa_route():
+        torch.compile(model, backend=backend)(x)
+    assert served
+    torch.compiler.reset()
+    got = torch.autograd.grad(torch.compile(model, backend=backend)(x).sum(), wqkv)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.compiler.reset()
+    served.clear()
+    with fa_amd.sdpa_route():
+        torch.compile(model, backend=backend)(x)
+    assert served  # the route ran while tracing
+    torch.compiler.reset()
+
+
+def test_scales_past_the_kernels_float32_range_go_to_torch(device, served):
+    q, k, v = (torch.randn(1, 2, 9, 16, device=device) for _ in range(3))
+    with fa_amd.sdpa_route():
+        got = F.scaled_dot_product_attention(q, k, v, scale=1e33)
+    assert not served
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, scale=1e33), rtol=0, atol=0)
+
+
 @pytest.mark.skipif(not hasattr(torch.nn.attention, "register_flash_attention_impl"),
                     reason="this torch has no flash-implementation registry")
 def test_flash_impl_registry(device):

@@ -336,6 +336,29 @@ def test_torch_compile_fullgraph(device):
     assert q.grad is not None and not torch.isnan(q.grad).any()
 
 
+def test_torch_compile_dynamic_shapes(device):
+    """dynamic=True traces head dims, lengths and Python floats (softmax_scale, softcap) as symbols: the
+    argument checks trace too (math.isfinite did not), and three shapes share the graph's results with eager."""
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(functools.partial(fa_amd.flash_attn_func, causal=True, softcap=3.0, deterministic=True),
+                             fullgraph=True,
+                             dynamic=True, backend=backend)
+    for sq, sk in ((5, 7), (9, 13), (17, 3)):
+        q, k, v = dense_qkv(device, torch.float32, 2, sq, sk, 4, 2, 16)
+        out = compiled(q, k, v)
+        out.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        want = fa_amd.flash_attn_func(q, k, v, causal=True, softcap=3.0, deterministic=True)
+        want.sum().backward()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for got, t in zip(grads, (q, k, v)):
+            torch.testing.assert_close(got, t.grad, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_eager_and_compiled_paths_agree(device):
     """Eager calls use the plain autograd.Function (fa_amd.ops.EagerAttention), compiled graphs the
     custom op; both run the same launchers, so outputs and gradients are identical bit for bit."""

@@ -119,6 +119,12 @@ def test_window_shape(device):
     _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v, window_size=(3,))
     _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v, window_size=(3.0, 1))
     _raises(ValueError, "window_size entries must be >= -1", fa_amd.flash_attn_func, q, k, v, window_size=(-2, 0))
+    # a window past any sequence is no window (it reached Triton's int specialisation as 2**64 and overflowed there)
+    for huge in (2 ** 31, 2 ** 64, 10 ** 30):
+        assert torch.equal(fa_amd.flash_attn_func(q, k, v, window_size=(huge, huge)),
+                           fa_amd.flash_attn_func(q, k, v))
+        assert torch.equal(fa_amd.flash_attn_func(q, k, v, window_size=(huge, 0)),
+                           fa_amd.flash_attn_func(q, k, v, causal=True))
 
 
 def test_alibi_shape_and_dtype(device):
