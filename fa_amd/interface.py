@@ -7,7 +7,6 @@ kernels below trust what they are given.
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional, Sequence
 
