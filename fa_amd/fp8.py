@@ -636,6 +636,7 @@ def flash_attn_varlen_fp8_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                          "contiguous k/v, or FP8 pages with descales to flash_attn_with_kvcache")
     _api._check_qkv(q, k, v, varlen=True)
     fp8_dtypes(q)
+    max_seqlen_q, max_seqlen_k = _api.integer_arg(max_seqlen_q), _api.integer_arg(max_seqlen_k)
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
     batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

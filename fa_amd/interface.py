@@ -7,6 +7,7 @@ kernels below trust what they are given.
 """
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional, Sequence
 
@@ -187,6 +188,23 @@ def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
     return alibi_slopes.to(torch.float32).contiguous()
 
 
+def integer_arg(value):
+    """An integer argument as flash-attn takes it (max_seqlen_q / max_seqlen_k: any integer, a numpy int or a
+    0-d integer tensor too -- Transformers passes `cu_seq_lens.diff().max()`) as a Python int; anything else
+    unchanged, for the checks to name it.  A tensor costs a device->host copy, as flash-attn's conversion does."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not (value.dtype.is_floating_point or value.dtype.is_complex
+                                     or value.dtype == torch.bool):
+            return int(value)
+        return value
+    if isinstance(value, (int, bool)):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
     """cu (made contiguous: the kernels read it as such) after checking it as the `name` argument.
 
@@ -205,7 +223,9 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
         raise ValueError(f"{name} must be 1-D with batch+1 entries, got shape {tuple(cu.shape)}")
     _check_device(name, cu, q)
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool):
-        raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}")
+        raise TypeError(f"{max_name} must be an integer (a Python or numpy int, or a 0-d integer tensor), got "
+                        f"{type(max_seqlen).__name__}" + (f" {max_seqlen.dtype} of shape {tuple(max_seqlen.shape)}"
+                                                          if isinstance(max_seqlen, torch.Tensor) else ""))
     if max_seqlen < 0:
         raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
@@ -371,6 +391,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sinks (alias s_aux): (nheads,) learnable sink logits, as in flash_attn_func (one per head, every sequence).
     FP8 q, k, v as in flash_attn_func (descales (batch, nheads_k), batch = len(cu_seqlens_q) - 1).
     """
+    max_seqlen_q, max_seqlen_k = integer_arg(max_seqlen_q), integer_arg(max_seqlen_k)
     if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
         from . import fp8  # fp8 sits above this module (it reuses the checks here)
         return fp8.descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,

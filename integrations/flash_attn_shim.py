@@ -349,8 +349,10 @@ def _patch_transformers_fa2() -> None:
     AttentionInterface.register("flash_attention_2", fa_amd_attention_forward)
     if _patched_transformers:
         return
-    # (device strings: Transformers' messages suggest `model.to(<name>)`; "cpu" only under Triton's interpreter)
-    supported_devices = ((torch.cuda.is_available, "cuda"), (_interpreter_on, "cpu"))
+    # Transformers' messages name these: `model.to(<name>)` for an available device, the list when none is, so
+    # the CPU's entry says what makes it available
+    cpu_name = "cpu" if _interpreter_on() else "cpu (with TRITON_INTERPRET=1 set before importing fa_amd)"
+    supported_devices = ((torch.cuda.is_available, "cuda"), (_interpreter_on, cpu_name))
     entry = dict(matrix[2])
     entry.update(
         general_availability_check=_fa_amd_usable_check,

@@ -103,6 +103,10 @@ def test_private_varlen_and_dropout_rng_state(fa, device):
     q, k, v = (x[:11] for x in _qkv(device, b=1, sq=11, varlen=True))
     out, lse, _, rng_state = iface._flash_attn_varlen_forward(q, k, v, cu, cu, 7, 7, 0.0, None, True)
     assert lse.shape == (4, 11)
+    # max_seqlen as Transformers passes it for packed sequences (cu.diff().max(), a 0-d tensor), as flash-attn takes it
+    longest = cu.diff().max()
+    assert torch.equal(iface._flash_attn_varlen_forward(q, k, v, cu, cu, longest, longest, 0.0, None, True)[0], out)
+    assert torch.equal(fa("flash_attn").flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True), out)
     for s, e in ((0, 4), (4, 11)):
         ref, _ = attention_ref(q[None, s:e], k[None, s:e], v[None, s:e], causal=True)
         torch.testing.assert_close(out[s:e].double(), ref[0], atol=1e-5, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Bad input gets a clear ValueError/TypeError naming the argument, never a
 Triton compile error or a silently wrong result (issue 16; every checked input is tallied
 for .ci/reliability_counts.py, see tests/reliability_log.py)."""
+import numpy as np
 import pytest
 import torch
 
@@ -96,8 +97,12 @@ def test_max_seqlen_too_small(device):
     cu = cu_seqlens([3, 5], device)
     _raises(ValueError, "max_seqlen_q = 4 is smaller than the longest segment", fa_amd.flash_attn_varlen_func,
             q, k, v, cu, cu, 4, 5)
-    _raises(TypeError, "max_seqlen_k must be a Python int", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 5,
-            torch.tensor(5))
+    for bad in (5.0, torch.tensor(5.0), torch.tensor([5])):
+        _raises(TypeError, "max_seqlen_k must be an integer", fa_amd.flash_attn_varlen_func, q, k, v, cu, cu, 5, bad)
+    # integers as flash-attn takes them: numpy ints and 0-d integer tensors (Transformers passes cu.diff().max())
+    want = fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5)
+    for max_k in (np.int64(5), torch.tensor(5), torch.tensor(5, dtype=torch.int32, device=device)):
+        assert torch.equal(fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, cu.diff().max(), max_k), want)
 
 
 def test_cu_seqlens_length_mismatch(device):
