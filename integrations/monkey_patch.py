@@ -60,21 +60,32 @@ def revert_fa_amd_patches() -> None:
     _originals.clear()
 
 
-def _fused_apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """Same contract as Hugging Face's ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2/3, Gemma 2/3,
-    Phi-3), fused in Triton.  A ``cos`` narrower than the head dim (Phi-3's partial rotary) rotates
-    the leading features and passes the rest through, as Phi-3's own function does."""
-    from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
+def _fused_rotary_for(stock, half_tables: bool = False, partial: bool = False):
+    """The fused stand-in for a modeling module's ``apply_rotary_pos_emb`` (`stock`), with its contract: the
+    arguments after (q, k, cos, sin) bound by `stock`'s own signature (``unsqueeze_dim`` is the fifth in
+    Transformers 5, ``position_ids`` was in 4.x); ``half_tables`` reads gpt-oss's tables of head_dim / 2
+    frequencies; ``partial``: a ``cos`` narrower than the head dim rotates the leading features and passes
+    the rest through (Phi-3's partial rotary) -- in other families `stock` gets the call, and rejects it
+    as it always has."""
+    import inspect
 
-    return hf_apply_rotary_pos_emb(q, k, cos, sin, position_ids=position_ids, unsqueeze_dim=unsqueeze_dim)
+    signature = inspect.signature(stock)
 
+    def fused_apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
 
-def _fused_apply_rotary_pos_emb_half_tables(q, k, cos, sin, unsqueeze_dim=1):
-    """gpt-oss's ``apply_rotary_pos_emb``: its cos/sin hold head_dim / 2 frequencies (not duplicated
-    halves; yarn's attention factor already folded in) and rotate the two halves of each head."""
-    from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
+        unsqueeze_dim = 1
+        if args or kwargs:
+            bound = signature.bind(q, k, cos, sin, *args, **kwargs)
+            unsqueeze_dim = bound.arguments.get("unsqueeze_dim", 1)
+        if not half_tables and not partial and cos.shape[-1] != q.shape[-1]:
+            return stock(q, k, cos, sin, *args, **kwargs)
+        return hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, half_tables=half_tables)
 
-    return hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, half_tables=True)
+    fused_apply_rotary_pos_emb.__doc__ = (f"fa_amd's fused Triton rotary in place of {stock.__module__}."
+                                          f"apply_rotary_pos_emb (same arguments).")
+    fused_apply_rotary_pos_emb.fa_amd_stock = stock
+    return fused_apply_rotary_pos_emb
 
 
 def _unwrap_model(model):
@@ -132,29 +143,32 @@ def _default_to_fa_amd(pretrained_cls) -> None:
 
 
 def _apply(modeling_module_name: str, pretrained_cls_name: str, model, rope: bool, attention: bool,
-           fused_rotary=_fused_apply_rotary_pos_emb):
+           half_tables: bool = False, partial_rotary: bool = False):
     if not isinstance(rope, bool) or not isinstance(attention, bool):
         raise TypeError("rope and attention must be bools")
     register()
     modeling = importlib.import_module(modeling_module_name)
     pretrained_cls = getattr(modeling, pretrained_cls_name)
-
+    base_model = None
+    if model is not None:  # checked before anything is patched: a call that raises changes nothing
+        base_model = _unwrap_model(model)
+        if not isinstance(base_model, pretrained_cls):
+            raise TypeError(
+                f"model is a {type(base_model).__name__}, not a {pretrained_cls_name}; "
+                "use the apply_fa_amd_to_* function of its family"
+            )
     if rope:
-        if not hasattr(modeling, "apply_rotary_pos_emb"):
+        stock = getattr(modeling, "apply_rotary_pos_emb", None)
+        if stock is None:
             raise RuntimeError(f"{modeling_module_name} has no apply_rotary_pos_emb to patch")
-        _set_patched(modeling, "apply_rotary_pos_emb", fused_rotary)
+        stock = getattr(stock, "fa_amd_stock", stock)  # patched before: wrap the original again
+        _set_patched(modeling, "apply_rotary_pos_emb", _fused_rotary_for(stock, half_tables, partial_rotary))
 
     if model is None:
         if attention:
             _default_to_fa_amd(pretrained_cls)
         return None
 
-    base_model = _unwrap_model(model)
-    if not isinstance(base_model, pretrained_cls):
-        raise TypeError(
-            f"model is a {type(base_model).__name__}, not a {pretrained_cls_name}; "
-            "use the apply_fa_amd_to_* function of its family"
-        )
     if attention:
         base_model.set_attn_implementation(ATTENTION_NAME)
         if base_model.config._attn_implementation != ATTENTION_NAME:
@@ -217,7 +231,8 @@ def apply_fa_amd_to_gemma2(model: Optional[torch.nn.Module] = None, rope: bool =
 
 
 def apply_fa_amd_to_gemma3(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
-    """Fused rotary and/or fa_amd attention for Gemma 3 models (text and multimodal).
+    """Fused rotary and/or fa_amd attention for Gemma 3 models (text; the multimodal model's text-only inputs --
+    with images its attention mask adds bidirectional image-token blocks, which fa_amd's mask builder refuses).
 
     Gemma 3 normalizes q/k before the rotary (like Qwen3), keeps Gemma 2's scalar scaling and
     softcap option, and gives local (sliding) and global layers different rotary bases: each
@@ -235,7 +250,8 @@ def apply_fa_amd_to_phi3(model: Optional[torch.nn.Module] = None, rope: bool = T
     the leading features of each head rotate; LongRoPE scaling is already in cos/sin.
     Same arguments as :func:`apply_fa_amd_to_llama`.
     """
-    return _apply("transformers.models.phi3.modeling_phi3", "Phi3PreTrainedModel", model, rope, attention)
+    return _apply("transformers.models.phi3.modeling_phi3", "Phi3PreTrainedModel", model, rope, attention,
+                  partial_rotary=True)
 
 
 def apply_fa_amd_to_gpt_oss(model: Optional[torch.nn.Module] = None, rope: bool = True, attention: bool = True):
@@ -248,7 +264,7 @@ def apply_fa_amd_to_gpt_oss(model: Optional[torch.nn.Module] = None, rope: bool 
     Same arguments as :func:`apply_fa_amd_to_llama`.
     """
     return _apply("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssPreTrainedModel", model, rope, attention,
-                  fused_rotary=_fused_apply_rotary_pos_emb_half_tables)
+                  half_tables=True)
 
 
 _FAMILIES = {

@@ -155,3 +155,35 @@ def test_patch_before_construction_and_dispatch(device):
     gemma3 = transformers.Gemma3ForCausalLM(_config("gemma3"))
     with pytest.raises(TypeError, match="Qwen2PreTrainedModel"):
         mp.apply_fa_amd_to_qwen2(gemma3)
+    # a call that raises patched nothing (the rotary was swapped before the model was checked)
+    qwen2 = __import__(FAMILIES["qwen2"][2], fromlist=["apply_rotary_pos_emb"])
+    assert qwen2.apply_rotary_pos_emb.__module__ == qwen2.__name__ and not mp._originals
+
+
+def test_fused_rotary_keeps_the_stock_contract(device):
+    """The fused stand-in binds its arguments by the stock function's signature (unsqueeze_dim is the fifth,
+    positional or not; q/k (b, s, h, d) with 2), and where the stock function takes full-width tables only
+    (every family but Phi-3), a narrower cos goes to the stock function -- which rejects it, as it always has."""
+    llama = __import__("transformers.models.llama.modeling_llama", fromlist=["apply_rotary_pos_emb"])
+    stock = llama.apply_rotary_pos_emb
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 4, 16, device=device), torch.randn(2, 4, 2, 16, device=device)  # (b, s, h, d)
+    angles = torch.randn(2, 4, 8, device=device)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # HF tables: halves repeated
+    want = stock(q, k, cos, sin, 2)
+    try:
+        mp.apply_fa_amd_to_llama(attention=False)
+        fused = llama.apply_rotary_pos_emb
+        assert fused is not stock
+        for got in (fused(q, k, cos, sin, 2), fused(q, k, cos, sin, unsqueeze_dim=2)):
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        with pytest.raises(RuntimeError):  # stock Llama has no partial rotary
+            stock(q.transpose(1, 2), k.transpose(1, 2), cos[..., :8], sin[..., :8])
+        with pytest.raises(RuntimeError):
+            fused(q.transpose(1, 2), k.transpose(1, 2), cos[..., :8], sin[..., :8])
+        mp.apply_fa_amd_to_llama(attention=False)  # twice: the stock function stays the one wrapped
+        assert llama.apply_rotary_pos_emb.fa_amd_stock is stock
+    finally:
+        mp.revert_fa_amd_patches()
+    assert llama.apply_rotary_pos_emb is stock
