@@ -232,12 +232,6 @@ def _segments(mask: torch.Tensor):
     return order // length, order % length, inverse, cu_seqlens, mask.clone()
 
 
-def _keep_mask(mask: torch.Tensor) -> torch.Tensor:
-    """The keys a 2D mask keeps, as bool (nonzero: fa_amd's own uint8 masks (_query_ends) keep their nonzero
-    values so that Transformers' bool conversion of one given back keeps the same keys)."""
-    return mask.to(torch.bool)
-
-
 def _query_ends(mask: torch.Tensor) -> torch.Tensor:
     """Per row, one past the key column of the newest query token, int32 (no sync).
 
@@ -245,7 +239,8 @@ def _query_ends(mask: torch.Tensor) -> torch.Tensor:
     `attention_mask[:, -query_length:]`) -- padded or not: a right-padded chunk's real tokens sit
     before its padding.  The exception is fa_amd's own uint8 mask for a cache whose tail may be
     unfilled (a static cache hands over its whole buffer): there the newest filled slot holds 3 in
-    the rows that keep it (1 elsewhere kept, 0 padded or unfilled), and the queries end after it; in a
+    the rows that keep it (1 elsewhere kept, 0 padded or unfilled: nonzero is kept, so the bool
+    conversion Transformers applies to a mask it hands back keeps the keys), and the queries end after it; in a
     batch where no row keeps it, each row's queries end after its last kept key."""
     length = mask.shape[1]
     if mask.dtype != torch.uint8:
@@ -259,7 +254,7 @@ def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
     """The keep-mask of the queries when they are fewer than the keys (decode, chunked prefill): the
     query_length columns that end at each row's _query_ends."""
     cols = _query_ends(mask)[:, None] - query_length + torch.arange(query_length, device=mask.device)[None, :]
-    return _keep_mask(mask).gather(1, cols.clamp(min=0)) & (cols >= 0)
+    return mask.to(torch.bool).gather(1, cols.clamp(min=0)) & (cols >= 0)
 
 
 def _pack(x: torch.Tensor, segments) -> torch.Tensor:
@@ -415,16 +410,10 @@ def fa_amd_attention_forward(
     elif (torch.compiler.is_compiling() and position_ids is not None and batch_size == 1
           and position_ids.shape[-1] > 1 and key.shape[1] == query_length):
         # traced: whether the positions restart is data (a graph break); the op reads it inside
-        if position_ids.numel() != query_length:
-            raise ValueError(
-                f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
-                "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
+        _check_packed_positions(position_ids, query_length)
         out = _attention_by_positions(query, key, value, position_ids, common)
     elif _is_packed(position_ids, batch_size):
-        if position_ids.numel() != query_length:
-            raise ValueError(
-                f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
-                "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
+        _check_packed_positions(position_ids, query_length)
         # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
         cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
         out = flash_attn_varlen_func(
@@ -446,6 +435,13 @@ def fa_amd_attention_forward(
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _check_packed_positions(position_ids: torch.Tensor, query_length: int) -> None:
+    if position_ids.numel() != query_length:
+        raise ValueError(
+            f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
+            "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
 
 
 def _attention_by_positions(query, key, value, position_ids, common):
@@ -483,7 +479,7 @@ def _decode_bounds(mask: torch.Tensor):
     the per-key mask also drops holes (a right-padded chunk's padding, or gaps in a hand-made mask; a
     left-padded generate() mask has none); masks the "fa_amd" mask function built itself for a static
     cache without padding (a filled prefix) are hole-free and need none."""
-    keep = _keep_mask(mask)
+    keep = mask.to(torch.bool)
     length = keep.shape[1]
     index = torch.arange(1, length + 1, device=keep.device, dtype=torch.int32)
     end = _query_ends(mask)
@@ -601,7 +597,7 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
     # self-attention: the queries are the last query_length mask columns (below)
     check_padding_mask(attention_mask, batch_size, query_length if common["causal"] else None)
     raw = attention_mask.to(device=query.device)
-    mask = _keep_mask(raw)
+    mask = raw.to(torch.bool)
     # A cache buffer longer than the mask (another mask builder's static-cache mask): its tail is unused.
     if key.shape[1] > mask.shape[1]:
         key, value = key[:, : mask.shape[1]], value[:, : mask.shape[1]]
@@ -695,8 +691,6 @@ def fa_amd_attention_mask(
     building_causal = "allow_is_bidirectional_skip" not in kwargs
     # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
     check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
-    if attention_mask is not None and attention_mask.dtype == torch.uint8:
-        attention_mask = _keep_mask(attention_mask)  # one of ours given back (below): its kept keys
     filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
     if attention_mask is None:
         if not building_causal:

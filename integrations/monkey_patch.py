@@ -69,11 +69,11 @@ def _fused_rotary_for(stock, half_tables: bool = False, partial: bool = False):
     as it always has."""
     import inspect
 
+    from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb  # once, at patch time: this runs per layer call
+
     signature = inspect.signature(stock)
 
     def fused_apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb
-
         unsqueeze_dim = 1
         if args or kwargs:
             bound = signature.bind(q, k, cos, sin, *args, **kwargs)
