@@ -288,6 +288,17 @@ def _check_new_kv(k, v, q, k_cache, capacity: int, fp8: bool = False):
     return seqlen_new
 
 
+def _check_writable_caches(k_cache, v_cache):
+    """The append writes k_cache and v_cache in place: refuse caches whose elements share memory (an expanded
+    tensor, or one tensor given as both), whose writes would overwrite each other, as torch's in-place ops do."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if torch._debug_has_internal_overlap(t) == 1:  # (1: some elements share memory; 2: too hard to tell)
+            raise ValueError(f"{name} has elements that share memory (an expanded tensor?); the append writes "
+                             f"it in place: pass a tensor of its own (e.g. .clone())")
+    if k_cache.data_ptr() == v_cache.data_ptr() and k_cache.dtype == v_cache.dtype:
+        raise ValueError("k_cache and v_cache are the same memory; the append writes both in place: pass two caches")
+
+
 def _contiguous_last(x):
     return x if x is None or x.stride(-1) == 1 else x.contiguous()
 
@@ -360,6 +371,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         capacity = k_cache.shape[1]
     seqlen_new = _check_new_kv(k, v, q, k_cache, capacity, fp8)
+    if seqlen_new:
+        _check_writable_caches(k_cache, v_cache)
     _check_grad("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, rotary_cos=rotary_cos,
                 rotary_sin=rotary_sin, alibi_slopes=alibi_slopes, sinks=sinks, s_aux=s_aux, q_descale=q_descale,
                 k_descale=k_descale, v_descale=v_descale)
@@ -558,9 +571,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                                                          False)
     _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v, alibi_slopes=alibi_slopes,
                 sinks=sinks, s_aux=s_aux, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    for name, t in (("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last (head) dimension")
+    # (read only here: a head dim with a stride is copied, as flash-attn's wrapper and the dense varlen path do)
+    k, v = _contiguous_last(k), _contiguous_last(v)
     if not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
     batch = cu_seqlens_q.numel() - 1

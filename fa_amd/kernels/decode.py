@@ -873,6 +873,12 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     return (lse, lse, lse) if plan.part_shapes is None else (lse, kept[1], kept[2])
 
 
+def _dtype_of(t):
+    """An index tensor's dtype for a plan key, None for an absent one: the compiled kernel reads int32 and
+    int64 index tensors differently, so a plan made for one must not launch with the other."""
+    return None if t is None else t.dtype
+
+
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
               key_mask, sinks, descale, own_counters=False, need_lse=True):
     stream = _current_stream(q)
@@ -929,8 +935,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                              and cu_seqlens_k is None and seqused_k is None):
         structure = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape[0], k_cache.shape[2:],
                      k_cache.dtype, None if block_table is None else (block_table.shape, block_table.stride()),
-                     None if key_mask is None else key_mask.dtype, cache_seqlens is None, cache_seqlens_int,
-                     seqlen_new, cache_leftpad is None, cache_batch_idx is None, sinks is None, descale is None,
+                     None if key_mask is None else key_mask.dtype, _dtype_of(cache_seqlens), cache_seqlens_int,
+                     seqlen_new, _dtype_of(cache_leftpad), _dtype_of(cache_batch_idx),
+                     None if block_table is None else block_table.dtype, sinks is None, descale is None,
                      out_dtype, softmax_scale, window_left, window_right, softcap, num_splits,
                      tables.DECODE_FUSED_MERGE_FAMILIES)
         plan_key = (structure, k_cache.shape[1], k_cache.stride(), v_cache.stride(),

@@ -279,7 +279,7 @@ class CompiledLaunch:
     .ci/decode_host.py).  Built from one JIT launch -- its arguments and the CompiledKernel it
     returned -- and the names of the parameters that take each call's own tensors.  `run` launches
     the same call with new tensors, or returns False and launches nothing where Triton would
-    specialise them differently (another 16-byte alignment of a pointer; on HIP, another side of the
+    specialise them differently (another dtype, another 16-byte alignment of a pointer; on HIP, another side of the
     2 GiB pointer range of buffer loads): the caller then launches through the JIT.  `fixed` names
     tensor parameters whose specialisation the caller guarantees (buffers it allocates itself in
     the plan's sizes, stand-ins that are another checked parameter's tensor): not checked per call."""
@@ -321,10 +321,13 @@ class CompiledLaunch:
         return twin
 
     def _signature(self, tensors):
+        # The dtype too: a plan's key may leave an argument's dtype open (an int32 or int64 index tensor), and the
+        # compiled kernel reads each dtype differently.
         # (list comprehensions: a generator's frame costs more than the test itself, ~35 tensors per fwd+bwd)
         if self.hip:
-            return tuple([(t.data_ptr() % 16 == 0, t.untyped_storage().size() <= MAX_ROW_OFFSET) for t in tensors])
-        return tuple([t.data_ptr() % 16 == 0 for t in tensors])
+            return tuple([(t.dtype, t.data_ptr() % 16 == 0, t.untyped_storage().size() <= MAX_ROW_OFFSET)
+                          for t in tensors])
+        return tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
 
     def fits(self, tensors) -> bool:
         """Whether Triton would specialise `tensors` as it did the recorded call's."""

@@ -141,6 +141,42 @@ CPU_CASES = {
 }
 
 
+@pytest.mark.parametrize("case", [dict(new=1, causal=True), dict(page=16, new=1, cache=40),
+                                  dict(leftpad=True, batch_idx=True, sq=2, causal=True)], ids=["append", "paged", "rows"])
+def test_index_tensor_dtypes_switch_between_calls(device, case):
+    """int32 and int64 index tensors (cache_seqlens, block_table, cache_leftpad, cache_batch_idx) in turn: each
+    call is right (a launch plan made for one dtype must not replay with the other; audit 2026-11-28: on the
+    GPU the third call read int32 values through the int64 kernel)."""
+    for dtype in (torch.int32, torch.int64, torch.int32):
+        q, k_cache, v_cache, k, v, kw, splits = make_case(device, seed=5, **case)
+        for name in ("cache_seqlens", "block_table", "cache_leftpad", "cache_batch_idx"):
+            if name in kw:
+                kw[name] = kw[name].to(dtype)
+        ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+        ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+        out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, num_splits=splits, **kw)
+        assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+
+
+def test_an_append_refuses_caches_that_share_memory(device):
+    """The append writes the caches in place: an expanded cache, or one tensor as both caches, would make the
+    writes overwrite each other (audit 2026-11-28: accepted, one row's new key lost); slices of one packed KV
+    tensor are two caches and work."""
+    q, k_cache, v_cache, k, v, kw, _ = make_case(device, new=1, causal=True, seed=2)
+    expanded = k_cache[:1].expand_as(k_cache)
+    with pytest.raises(ValueError, match="k_cache has elements that share memory"):
+        fa_amd.flash_attn_with_kvcache(q, expanded, v_cache, k, v, **kw)
+    with pytest.raises(ValueError, match="k_cache and v_cache are the same memory"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, k_cache, k, v, **kw)
+    packed = torch.stack([k_cache, v_cache], dim=2)  # (rows, capacity, 2, hk, d)
+    ref64, _, k_want, v_want = attention_kvcache_ref(q, k_cache, v_cache, k, v, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, k, v, upcast=False, **kw)
+    out = fa_amd.flash_attn_with_kvcache(q, packed[:, :, 0], packed[:, :, 1], k, v, **kw)
+    assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+    assert torch.equal(packed[:, :, 1], v_want)
+    fa_amd.flash_attn_with_kvcache(q, expanded, v_cache, **kw)  # no append: nothing is written
+
+
 @pytest.mark.parametrize("case", list(CPU_CASES))
 def test_kvcache_grid(device, case):
     check_case(device, **CPU_CASES[case])
@@ -243,6 +279,12 @@ def test_varlen_seqused_k(device, paged):
     out = fa_amd.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                         block_table=table, seqused_k=seqused)
     assert_close_to_ref("out", out, ref64, ref_lp, dtype)
+    # a head dim with a stride is read from a copy, as the dense varlen path and flash-attn's wrapper do
+    k_t, v_t = (torch.stack([t, t], dim=-1)[..., 0] for t in (k, v))
+    assert k_t.stride(-1) != 1
+    out_t = fa_amd.flash_attn_varlen_func(q, k_t, v_t, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                          block_table=table, seqused_k=seqused)
+    assert torch.equal(out_t, out)
 
 
 @pytest.mark.parametrize("page,splits", [(None, 1), (None, 3), (16, 2)])
@@ -769,6 +811,7 @@ def test_compiled_launch_orders_arguments_and_guards_specialisation(monkeypatch,
     assert len(args) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
                                           for a, b in zip(args, want))
     assert not launch.run((base[1:9], y2, s2)) and len(compiled.calls) == 1  # 4-byte offset: not aligned
+    assert not launch.run((x2.double(), y2, s2)) and len(compiled.calls) == 1  # another dtype: other code
     # with a stream and no launch hook registered, the launcher itself: the runner's leading arguments
     # (no launch metadata, no hooks), then the same values
     assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 1
