@@ -454,7 +454,7 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                             dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                             return_attn_probs, block_table, seqused_k, sinks=sinks, s_aux=s_aux,
                                             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                            out_dtype=out_dtype)
+                                            out_dtype=out_dtype, deterministic=deterministic)
     _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)

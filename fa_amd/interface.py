@@ -113,22 +113,41 @@ def _is_finite(x) -> bool:
     return x - x == 0
 
 
+def _float_arg(name: str, x):
+    """A Python int or float argument as a float (an int too large for one: a ValueError naming it; symbolic
+    floats of torch.compile(dynamic=True) pass through)."""
+    if isinstance(x, int):
+        try:
+            return float(x)
+        except OverflowError:
+            raise ValueError(f"{name} is an int too large for a float (about 10**{len(str(abs(x))) - 1})") from None
+    return x
+
+
+def _type_name(x) -> str:
+    """x's type for an error message, with its module where that is not Python's own (numpy.bool, not bool)."""
+    kind = type(x)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                        return_attn_probs):
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= float(dropout_p) < 1.0:
+    dropout_p = _float_arg("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    softmax_scale = _float_arg("softmax_scale", softmax_scale)
     if not _is_finite(softmax_scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     for name, flag in (("causal", causal), ("deterministic", deterministic),
                        ("return_attn_probs", return_attn_probs)):
         if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+            raise TypeError(f"{name} must be a bool, got {_type_name(flag)}")
     if (not isinstance(window_size, Sequence) or len(window_size) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
         raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
@@ -144,6 +163,7 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
         softcap = 0.0
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    softcap = _float_arg("softcap", softcap)
     if not (_is_finite(softcap) and softcap >= 0.0):
         raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
     _check_float32_range(float(softmax_scale), float(softcap))
@@ -185,6 +205,10 @@ def _check_alibi(alibi_slopes, q, batch: int, nheads: int):
     if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
         raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
                          f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.requires_grad and torch.is_grad_enabled():
+        # (flash-attn returns no gradient for them either, silently; fa_amd says so)
+        raise ValueError("alibi_slopes requires grad, but the kernels compute no gradient for the slopes; pass "
+                         "alibi_slopes.detach() (fixed slopes, as ALiBi models use)")
     return alibi_slopes.to(torch.float32).contiguous()
 
 
@@ -193,16 +217,36 @@ def integer_arg(value):
     0-d integer tensor too -- Transformers passes `cu_seq_lens.diff().max()`) as a Python int; anything else
     unchanged, for the checks to name it.  A tensor costs a device->host copy, as flash-attn's conversion does."""
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0 and not (value.dtype.is_floating_point or value.dtype.is_complex
-                                     or value.dtype == torch.bool):
+        if value.dim() == 0 and value.device.type != "meta" and not (
+                value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool):
             return int(value)
-        return value
+        return value  # (the caller's check names it)
     if isinstance(value, (int, bool)):
         return value
     try:
         return operator.index(value)
     except TypeError:
         return value
+
+
+def check_cu_seqlens_form(name, cu):
+    """The type, dtype and shape flash-attn demands of cu_seqlens_q / cu_seqlens_k (1-D int32, batch+1 entries)."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with batch+1 entries, got shape {tuple(cu.shape)}")
+
+
+def check_max_seqlen(name, max_seqlen):
+    """max_seqlen_q / max_seqlen_k after integer_arg: a Python int >= 0."""
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool):
+        raise TypeError(f"{name} must be an integer (a Python or numpy int, or a 0-d integer tensor), got "
+                        f"{type(max_seqlen).__name__}" + (f" {max_seqlen.dtype} of shape {tuple(max_seqlen.shape)}"
+                                                          if isinstance(max_seqlen, torch.Tensor) else ""))
+    if max_seqlen < 0:
+        raise ValueError(f"{name} must be >= 0, got {max_seqlen}")
 
 
 def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
@@ -215,19 +259,9 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
     a write to a GPU tensor that bypasses its version counter (DLPack, `.data`) is not seen.
     Memory safety never rests on this check: the kernels clamp every segment into the packed
     tensors (kernels/score_mods.seq_bounds), so bad values give wrong numbers, never a crash."""
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"{name} must be 1-D with batch+1 entries, got shape {tuple(cu.shape)}")
+    check_cu_seqlens_form(name, cu)
     _check_device(name, cu, q)
-    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool):
-        raise TypeError(f"{max_name} must be an integer (a Python or numpy int, or a 0-d integer tensor), got "
-                        f"{type(max_seqlen).__name__}" + (f" {max_seqlen.dtype} of shape {tuple(max_seqlen.shape)}"
-                                                          if isinstance(max_seqlen, torch.Tensor) else ""))
-    if max_seqlen < 0:
-        raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
+    check_max_seqlen(max_name, max_seqlen)
     if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
         return cu.contiguous()
     if cu.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -392,6 +426,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FP8 q, k, v as in flash_attn_func (descales (batch, nheads_k), batch = len(cu_seqlens_q) - 1).
     """
     max_seqlen_q, max_seqlen_k = integer_arg(max_seqlen_q), integer_arg(max_seqlen_k)
+    # (first, on every route: the FP8 and paged ones size their other checks by them)
+    check_cu_seqlens_form("cu_seqlens_q", cu_seqlens_q)
+    check_cu_seqlens_form("cu_seqlens_k", cu_seqlens_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
         from . import fp8  # fp8 sits above this module (it reuses the checks here)
         return fp8.descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -401,7 +440,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None or seqused_k is not None:
         return flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                                       block_table, seqused_k, sinks=sinks, s_aux=s_aux)
+                                       block_table, seqused_k, sinks=sinks, s_aux=s_aux, deterministic=deterministic)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)

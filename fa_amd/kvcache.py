@@ -139,6 +139,13 @@ def _check_values_now(t: torch.Tensor) -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
+def _api_checks_varlen_values() -> bool:
+    """Whether cu_seqlens values are checked on the host (interface._check_cu_seqlens: FA_AMD_CHECK_VARLEN)."""
+    from . import interface
+
+    return interface._CHECK_VARLEN
+
+
 def _check_index(name: str, t, batch: int, q, dtypes=_INDEX_DTYPES, shape=None):
     if t is None:
         return None
@@ -290,7 +297,10 @@ def _check_new_kv(k, v, q, k_cache, capacity: int, fp8: bool = False):
 
 def _check_writable_caches(k_cache, v_cache):
     """The append writes k_cache and v_cache in place: refuse caches whose elements share memory (an expanded
-    tensor, or one tensor given as both), whose writes would overwrite each other, as torch's in-place ops do."""
+    tensor, or one tensor given as both), whose writes would overwrite each other, as torch's in-place ops do.
+    (Not while torch.compile traces: neither test traces; the eager call checks the same caches.)"""
+    if torch.compiler.is_compiling():
+        return
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if torch._debug_has_internal_overlap(t) == 1:  # (1: some elements share memory; 2: too hard to tell)
             raise ValueError(f"{name} has elements that share memory (an expanded tensor?); the append writes "
@@ -349,14 +359,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                return_softmax_lse, *checked)
     paged = block_table is not None
     descale = out_dtype_fp8 = None
+    # q's rank first: the FP8 checks below size the descales by its batch
+    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)", (q.dtype,) if isinstance(q, torch.Tensor) else ())
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
             isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1
             for x in (q, k_cache, v_cache, k, v)):
         from .fp8 import kvcache_fp8_args  # fp8 sits above this module
 
-        batch_q = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
         descale, out_dtype_fp8 = kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
-                                                  out_dtype, batch_q)
+                                                  out_dtype, q.shape[0])
     fp8 = descale is not None
     _check_common(q, k_cache, v_cache, paged, fp8)
     batch, seqlen_q, hq, d = q.shape
@@ -524,7 +535,7 @@ def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
 def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                             block_table, seqused_k, sinks=None, s_aux=None, q_descale=None, k_descale=None,
-                            v_descale=None, out_dtype=None):
+                            v_descale=None, out_dtype=None, deterministic=False):
     """flash_attn_varlen_func with block_table (paged k/v: (num_blocks, page_block_size, nheads_k,
     headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
     and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
@@ -567,8 +578,12 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0 with block_table/seqused_k (that path is forward-only "
                          f"inference), got {dropout_p!r}")
-    _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
-                                                         False)
+    # (deterministic: a forward-only path has nothing to make deterministic, but the flag is checked as elsewhere)
+    _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap,
+                                                         deterministic, return_attn_probs)
+    # no segment is longer than q: a larger max_seqlen_q would only size the grid (2**31 of them hung the
+    # interpreter and would pass the GPU's grid limit)
+    max_seqlen_q = min(max_seqlen_q, q.shape[0])
     _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v, alibi_slopes=alibi_slopes,
                 sinks=sinks, s_aux=s_aux, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     # (read only here: a head dim with a stride is copied, as flash-attn's wrapper and the dense varlen path do)
@@ -603,6 +618,13 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         if lo < 0 or hi > max_seqlen_k:
             raise ValueError(f"seqused_k entries must be in [0, max_seqlen_k = {max_seqlen_k}], got values in "
                              f"[{lo}, {hi}]")
+        if not paged and seqused_k.numel() and _api_checks_varlen_values():
+            # (packed keys: a sequence uses at most its own segment, as far as cu_seqlens_k's values are checked at
+            # all -- FA_AMD_CHECK_VARLEN; the kernel clamps reads into k regardless)
+            over = (seqused_k.long() - (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()).amax().item()
+            if over > 0:
+                raise ValueError(f"seqused_k entries must not exceed their sequences' lengths in cu_seqlens_k "
+                                 f"(one is {over} keys longer)")
     if paged and _check_values_now(block_table):
         lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k
         _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])

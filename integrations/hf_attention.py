@@ -237,17 +237,17 @@ def _query_ends(mask: torch.Tensor) -> torch.Tensor:
 
     The queries are the newest tokens, so they end the keys (flash-attn's convention, Transformers'
     `attention_mask[:, -query_length:]`) -- padded or not: a right-padded chunk's real tokens sit
-    before its padding.  The exception is fa_amd's own uint8 mask for a cache whose tail may be
-    unfilled (a static cache hands over its whole buffer): there the newest filled slot holds 3 in
-    the rows that keep it (1 elsewhere kept, 0 padded or unfilled: nonzero is kept, so the bool
-    conversion Transformers applies to a mask it hands back keeps the keys), and the queries end after it; in a
-    batch where no row keeps it, each row's queries end after its last kept key."""
+    before its padding.  The exception is fa_amd's own int32 mask for a cache whose tail may be
+    unfilled (a static cache hands over its whole buffer): there every kept column c holds
+    end - c + 1 >= 2 (fa_amd_attention_mask), so any kept column of a row says where its queries end,
+    also when the newest slots are padding in every row.  (Nonzero is kept: the bool conversion Transformers applies
+    to a mask it hands back keeps the keys.  A 0 / 1 int32 mask has no such column: the convention above.)"""
     length = mask.shape[1]
-    if mask.dtype != torch.uint8:
+    if mask.dtype != torch.int32:
         return torch.full((mask.shape[0],), length, dtype=torch.int32, device=mask.device)
-    index = torch.arange(1, length + 1, device=mask.device, dtype=torch.int32)
-    marked = ((mask == 3) * index).amax()
-    return torch.where(marked > 0, marked, ((mask != 0) * index).amax(-1)).to(torch.int32)
+    index = torch.arange(length, device=mask.device, dtype=torch.int32)
+    ends = ((mask >= 2) * (mask + index - 1)).amax(-1)
+    return torch.where(ends > 0, ends, length).to(torch.int32)
 
 
 def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
@@ -673,8 +673,8 @@ def fa_amd_attention_mask(
     sliding ones included).  A slot is kept when the padding mask keeps that position and, for
     decoder self-attention, when it is filled (position < ``q_offset + q_length``): a static cache
     hands over its whole buffer, and its unfilled tail is marked as padding, so shapes never depend on
-    how full it is.  Where such a tail can exist the mask is uint8, its newest filled slot marked
-    (_query_ends), else bool.  None (the dense path) when nothing is masked; under
+    how full it is.  Where such a tail can exist the mask is int32, each kept column holding its distance to
+    the queries' end plus one (_query_ends), else bool.  None (the dense path) when nothing is masked; under
     ``torch.compile`` that is decided from shapes only (no ``mask.all()``: no sync, no graph
     break), so a compiled padded batch always gets its mask.
     """
@@ -727,9 +727,10 @@ def fa_amd_attention_mask(
     if not torch.compiler.is_compiling() and bool(keep.all()):
         return None  # eager: nothing masked after all, the dense kernel is cheaper
     if building_causal and (isinstance(filled, torch.Tensor) or kv_offset + kv_length > filled):
-        # slots past `filled` hold no token yet: the newest filled slot is marked (3 where kept), so the
-        # attention knows where the queries end (_query_ends) also when a row's newest ones are padding
-        keep = (keep.to(torch.uint8) * torch.where(position == filled - 1, 3, 1)).to(torch.uint8)
+        # slots past `filled` hold no token yet: each kept column holds how far the queries' end is from it
+        # (plus one), so the attention knows where the queries end (_query_ends) also when the newest slots
+        # are padding in every row (audit 2026-11-28: a marker on the newest slot alone was lost there)
+        keep = keep.to(torch.int32) * (filled - position + 1).to(torch.int32)
     if attention_mask is None:
         # a static cache's filled prefix: no holes, so the decode kernel needs only its bounds
         memo_per_tensor(keep, _FILL_MASK, lambda _: True)

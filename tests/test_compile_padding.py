@@ -86,8 +86,9 @@ class _Module(torch.nn.Module):
 def test_padded_path_is_exact_for_holes_and_unfilled_cache_slots(device, monkeypatch):
     """Any 2D keep-mask (holes too), and a static cache's buffer whose tail is unfilled: each row
     attends its kept keys, queries are the newest tokens; padded rows come back as zeros.  The mask is
-    uint8, as fa_amd's own static-cache masks are: with no row marking a newest filled slot (3; rows filled
-    to different slots here), each row's queries end after its last kept key (hf_attention._query_ends)."""
+    int32, as fa_amd's own static-cache masks are: each kept column holds its distance to where the row's
+    queries end plus one (rows filled to different slots here: each row's end after its last kept key;
+    hf_attention._query_ends)."""
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     torch.manual_seed(3)
     b, hq, hk, d, length = 3, 4, 2, 16, 12
@@ -100,7 +101,9 @@ def test_padded_path_is_exact_for_holes_and_unfilled_cache_slots(device, monkeyp
     mask[2, 10:] = False  # left padding + unfilled tail
     for q_len in (length, 1, 3):  # prefill, decode, chunked prefill
         q = torch.randn(b, hq, q_len, d, device=device, requires_grad=True)
-        out, _ = fa_amd_attention_forward(_Module(), q, k, v, mask.to(torch.uint8))
+        ends = (mask * torch.arange(1, length + 1, device=device)).amax(-1, keepdim=True)
+        encoded = (mask * (ends - torch.arange(length, device=device) + 1)).to(torch.int32)
+        out, _ = fa_amd_attention_forward(_Module(), q, k, v, encoded)
         for row in range(b):
             kept = mask[row].nonzero().flatten()
             if q_len == length:
@@ -130,7 +133,8 @@ def test_mask_function_has_no_data_dependent_control_flow():
     torch._dynamo.reset()
     out = torch.compile(build, backend="eager", fullgraph=True)(mask, torch.tensor(6))
     assert out.shape == (2, 16) and torch.equal(out[:, :7].bool(), mask) and not out[:, 7:].any()
-    assert (out[:, 6] == 3).all()  # the newest filled slot, marked (uint8: a static cache's mask)
+    # (int32, a static cache's mask: each kept column holds its distance to the queries' end, slot 7, plus one)
+    assert out.dtype == torch.int32 and torch.equal(out[:, :7], mask * (8 - torch.arange(7)))
     nothing_padded = torch.compile(lambda m: fa_amd_attention_mask(2, 7, 7, attention_mask=m), backend="eager",
                                    fullgraph=True)(torch.ones(2, 7, dtype=torch.bool))
     assert nothing_padded.shape == (2, 7) and nothing_padded.all()  # compiled: a mask, not a mask.all() branch

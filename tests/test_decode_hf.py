@@ -136,8 +136,8 @@ def test_mask_builder_is_idempotent_on_its_own_masks():
         assert first is not None and first.shape == (3, kv_length)
         position = kv_offset + torch.arange(kv_length)
         expected = padding[:, position.clamp(max=14)] & (position < 15)
-        if kv_offset + kv_length > 15:  # an unfilled tail: uint8, the newest filled slot 3 where kept
-            expected = (expected.to(torch.uint8) * torch.where(position == 14, 3, 1)).to(torch.uint8)
+        if kv_offset + kv_length > 15:  # an unfilled tail: int32, each kept slot its distance to slot 15, plus one
+            expected = (expected * (16 - position)).to(torch.int32)
         assert torch.equal(first, expected)
         assert torch.equal(hf_attention.fa_amd_attention_mask(**args, attention_mask=first), first)
 
@@ -220,23 +220,33 @@ def test_right_padded_chunk_on_a_cache_matches_eager(device, new_tokens):
     assert _real_token_logit_error(out, new_mask) < 1e-4
 
 
+@pytest.mark.parametrize("every_row_padded", [False, True])
 @pytest.mark.parametrize("length", [8, 20])
-def test_right_padded_prefill_into_a_static_cache_matches_eager(device, length):
-    """fa_amd's mask for a cache with an unfilled tail marks the newest filled slot in the rows that keep it,
-    so a right-padded prompt's real tokens keep their places (audit 2026-11-28: logits off by 0.45-0.7)."""
+def test_right_padded_prefill_into_a_static_cache_matches_eager(device, length, every_row_padded):
+    """fa_amd's mask for a cache with an unfilled tail tells, in every kept slot, where the queries end, so a
+    right-padded prompt's real tokens keep their places (audit 2026-11-28: logits off by 0.45-0.7), also when
+    every row ends in padding (a second audit that day: a marker on the newest filled slot alone was lost
+    there, logits off by 0.64), and so does the next decode step on that cache."""
     from transformers import StaticCache
 
     models = _sharp_twins(LlamaConfig, device)
     ids = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(0)).to(device)
     mask = torch.ones_like(ids)
     mask[1, length * 2 // 3:] = 0
+    if every_row_padded:
+        mask[0, -2:] = 0
     ids = ids.masked_fill(mask == 0, 0)
-    out = {}
+    step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    out, step = {}, {}
     for impl, model in models.items():
+        cache = StaticCache(config=model.config, max_cache_len=32)
         with torch.no_grad():
-            out[impl] = model(input_ids=ids, attention_mask=mask, use_cache=True,
-                              past_key_values=StaticCache(config=model.config, max_cache_len=32)).logits
+            out[impl] = model(input_ids=ids, attention_mask=mask, use_cache=True, past_key_values=cache).logits
+            step[impl] = model(input_ids=torch.tensor([[5], [6]], device=device), attention_mask=step_mask,
+                               position_ids=step_mask.sum(-1, keepdim=True) - 1, use_cache=True,
+                               past_key_values=cache).logits
     assert _real_token_logit_error(out, mask) < 1e-4
+    assert (step["fa_amd"] - step["eager"]).abs().max().item() < 1e-4
 
 
 def test_sliding_window_over_a_left_padded_chunk_matches_eager(device):

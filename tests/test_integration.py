@@ -395,15 +395,15 @@ def test_mask_function_never_builds_4d_masks():
     assert step.dtype == torch.bool and torch.equal(step, mask)
     assert fa_amd_attention_mask(2, 1, 10, q_offset=9, attention_mask=torch.ones(2, 10, dtype=torch.long)) is None
     # static cache without padding: the whole buffer, its unfilled tail marked as padding (static shape)
-    # (uint8 where such a tail exists, the newest filled slot 3 where kept: where the queries end)
+    # (int32 where such a tail exists, each kept slot its distance to where the queries end, plus one)
     static = fa_amd_attention_mask(2, 1, 32, q_offset=torch.tensor(5), device="cpu")
-    assert static.shape == (2, 32) and static.dtype == torch.uint8
-    assert static[:, :6].all() and not static[:, 6:].any() and (static[:, 5] == 3).all()
+    assert static.shape == (2, 32) and static.dtype == torch.int32
+    assert torch.equal(static[:, :6], (7 - torch.arange(6)).expand(2, 6).int()) and not static[:, 6:].any()
     static_prefill = fa_amd_attention_mask(2, 4, 32, q_offset=0, device="cpu")
     assert static_prefill.shape == (2, 32) and static_prefill.bool().sum().item() == 8
     # static cache with a left-padded 2D mask covering the tokens seen so far
     padded = fa_amd_attention_mask(2, 1, 16, q_offset=torch.tensor(9), attention_mask=mask)
     assert padded.shape == (2, 16) and torch.equal(padded[:, :10].bool(), mask) and not padded[:, 10:].any()
-    assert (padded[:, 9] == 3).all()
+    assert torch.equal(padded[:, :10], (mask * (11 - torch.arange(10))).int())
     # cross-attention (bidirectional, more keys than queries): no mask
     assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None

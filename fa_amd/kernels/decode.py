@@ -1057,11 +1057,12 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs,
                                        **({"Sinks": sinks} if sinks is not None else {}))
     if q_varlen:
-        # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse -inf, as the
-        # prefill kernels give them; no kernel row writes them, so they are set here (on the device, no sync)
+        # tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0, lse +inf, as the
+        # prefill kernels give them (rows that see no key); no kernel row writes them, so they are set here (on
+        # the device, no sync)
         tail = torch.arange(total_q, device=q.device) >= cu_seqlens_q[-1]
         out.masked_fill_(tail[:, None, None], 0.0)
-        lse.masked_fill_(tail[None, :], float("-inf"))
+        lse.masked_fill_(tail[None, :], float("inf"))
     if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
         launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale", "SplitCounters")}
         launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],

@@ -279,3 +279,54 @@ def test_too_many_varlen_sequences(device):
 def test_softmax_scale_out_of_float32_range(device):
     q, k, v = _qkv(device)
     _raises(ValueError, "softmax_scale = 1e\\+39 overflows", fa_amd.flash_attn_func, q, k, v, softmax_scale=1e39)
+
+
+def test_audit_2026_11_28_arguments_are_named(device):
+    """Findings of the 2026-11-28 bad-input audit: each error names the argument the caller got wrong (before, an
+    OverflowError from float(), a comparison TypeError, or a message about a descale sized by a bad batch)."""
+    q, k, v = _qkv(device)
+    for name in ("softmax_scale", "softcap", "dropout_p"):
+        _raises(ValueError, f"{name} is an int too large", fa_amd.flash_attn_func, q, k, v, **{name: 10 ** 400})
+    _raises(TypeError, "causal must be a bool, got numpy.bool", fa_amd.flash_attn_func, q, k, v, causal=np.bool_(True))
+    qv, kv = q[0], k[0]  # (8, 2, 32) packed tokens
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    table = torch.tensor([[0], [1]], dtype=torch.int32, device=device)
+    pages = torch.randn(2, 16, 2, 32, device=device, dtype=q.dtype)
+    paged = dict(block_table=table)
+    _raises(TypeError, "cu_seqlens_q must be a torch.Tensor", fa_amd.flash_attn_varlen_func, qv, pages, pages,
+            [0, 3, 8], cu, 5, 16, **paged)
+    _raises(ValueError, "cu_seqlens_q must be 1-D with batch\\+1 entries", fa_amd.flash_attn_varlen_func, qv, pages,
+            pages, cu[:0], cu, 5, 16, **paged)
+    _raises(TypeError, "max_seqlen_k must be an integer", fa_amd.flash_attn_varlen_func, qv, pages, pages, cu, cu, 5,
+            None, **paged)
+    _raises(TypeError, "deterministic must be a bool", fa_amd.flash_attn_varlen_func, qv, pages, pages, cu, cu, 5, 16,
+            deterministic="x", **paged)
+    _raises(TypeError, "return_attn_probs must be a bool", fa_amd.flash_attn_varlen_func, qv, kv, kv, cu, cu, 5, 5,
+            return_attn_probs="yes", seqused_k=torch.tensor([2, 5], dtype=torch.int32, device=device))
+    _raises(ValueError, "seqused_k entries must not exceed", fa_amd.flash_attn_varlen_func, qv, kv, kv, cu, cu, 5, 5,
+            seqused_k=torch.tensor([4, 5], dtype=torch.int32, device=device))
+    # a max_seqlen_q far past the packed tokens only sized the grid (10**20: a Triton OverflowError, 2**31: a hang)
+    want = fa_amd.flash_attn_varlen_func(qv, pages, pages, cu, cu, 5, 16, **paged)
+    assert torch.equal(fa_amd.flash_attn_varlen_func(qv, pages, pages, cu, cu, 10 ** 20, 16, **paged), want)
+    f8 = torch.float8_e4m3fn
+    _raises(ValueError, "q must have rank 4", fa_amd.flash_attn_with_kvcache, qv.to(f8)[:, 0], pages[:1].to(f8),
+            pages[:1].to(f8), cache_seqlens=3, k_descale=torch.ones(2, 2, device=device))
+    slopes = torch.rand(2, device=device, requires_grad=True)
+    _raises(ValueError, "alibi_slopes requires grad", fa_amd.flash_attn_func, q.requires_grad_(), k, v,
+            alibi_slopes=slopes)
+    with torch.no_grad():
+        fa_amd.flash_attn_func(q, k, v, alibi_slopes=slopes)  # (no graph, nothing lost)
+
+
+def test_tokens_past_the_last_segment_get_lse_inf_on_every_route(device):
+    """Tokens past cu_seqlens_q[-1] (static buffers) belong to no sequence: output 0 and lse +inf, on the dense
+    varlen route and the split-KV decode kernel's (seqused_k) alike (the latter gave -inf)."""
+    q = torch.randn(11, 2, 16, device=device, dtype=torch.float16)
+    k = torch.randn(11, 2, 16, device=device, dtype=torch.float16)
+    cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 4, 9, 9], dtype=torch.int32, device=device)
+    _, lse_dense, _ = fa_amd.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 5, 5, return_attn_probs=True)
+    out, lse_used, _ = fa_amd.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 5, 5, return_attn_probs=True,
+                                                     seqused_k=(cu_k[1:] - cu_k[:-1]).contiguous())
+    assert torch.isposinf(lse_dense[:, 8:]).all() and torch.isposinf(lse_used[:, 8:]).all()
+    assert torch.equal(out[8:], torch.zeros_like(out[8:]))
