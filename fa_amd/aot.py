@@ -816,13 +816,14 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help=f"kernels to build (default: {' '.join(DEFAULT_KERNELS)}; probs with --full)")
     parser.add_argument("--full", action="store_true",
                         help="every table row x head dim (64/80/128/192/256) x dtype x variant (slow: ~1 CPU-hour)")
+    # default None (the whole sweep): given without --full they are an error, not silently ignored
     parser.add_argument("--dtypes", nargs="+", choices=ALL_DTYPES, default=None,
                         help=f"with --full: dtypes (default: {' '.join(DTYPES)}; fp32 too for "
                              f"{' '.join(DECODE_KERNELS)})")
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
-                        help="with --full: feature variants")
-    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=list(HEAD_DIMS),
-                        help="with --full: head dims")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
+                        help="with --full: feature variants (default: all)")
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=HEAD_DIMS, default=None,
+                        help=f"with --full: head dims (default: {' '.join(map(str, HEAD_DIMS))})")
     parser.add_argument("--tune-candidates", action="store_true",
                         help="instead: every candidate config `fa-amd tune` may time (all features; compile errors "
                              "fail, scratch is reported: the tuner itself skips any candidate that spills more than the table's "
@@ -834,12 +835,41 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="compile into an empty Triton cache (honest timings)")
 
 
-def run_cli(args) -> int:
-    if args.from_json:
-        with open(args.from_json) as f:
+def _read_results(path: str):
+    """(header line, results) of an earlier --json run; ValueError (one line) if `path` is not one."""
+    try:
+        with open(path) as f:
             payload = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})")
+    try:
         results = [CompileResult(**r) for r in payload["results"]]
-        print(f"triton {payload['triton']}, {len(results)} variants, {payload['wall_seconds']:.0f} s wall")
+        unknown = sorted({r.target for r in results} - set(TARGETS))
+        if unknown:  # (else a KeyError halfway through the tables)
+            raise ValueError(f"unknown targets {', '.join(map(str, unknown))}")
+        header = f"triton {payload['triton']}, {len(results)} variants, {payload['wall_seconds']:.0f} s wall"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not the JSON that `fa-amd compile --json` writes ({type(exc).__name__}: {exc})")
+    return header, results
+
+
+def run_cli(args) -> int:
+    if args.jobs < 1:
+        print(f"error: -j/--jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    sweep = [opt for opt, value in (("--dtypes", args.dtypes), ("--variants", args.variants),
+                                    ("--head-dims", args.head_dims)) if value]
+    if sweep and (not args.full or args.tune_candidates):
+        print(f"error: {', '.join(sweep)} narrow{'s' if len(sweep) == 1 else ''} the --full sweep: "
+              f"{'it needs' if len(sweep) == 1 else 'they need'} --full (and not --tune-candidates)", file=sys.stderr)
+        return 2
+    if args.from_json:
+        try:
+            header, results = _read_results(args.from_json)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot use {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+        print(header)
         print("\n### Summary (worst case per target and kernel)\n")
         print(summary_table(results))
         print(format_tables(results))
@@ -866,8 +896,8 @@ def run_cli(args) -> int:
     if args.tune_candidates:
         jobs = [j for j in tune_candidate_jobs(usable) if j.kernel in kernels]
     else:
-        jobs = (full_jobs(usable, kernels, args.dtypes, args.variants, args.head_dims) if args.full
-                else ci_jobs(usable, kernels))
+        jobs = (full_jobs(usable, kernels, args.dtypes, args.variants or tuple(VARIANTS), args.head_dims or HEAD_DIMS)
+                if args.full else ci_jobs(usable, kernels))
     # slowest first (large tiles, RDNA) so the parallel tail is short
     jobs.sort(key=lambda j: (j.kernel in ("preprocess", "rotary", "merge", "append", "append_fp8"),
                              j.target != "gfx1100", -j.head_dim))

@@ -162,18 +162,38 @@ def make_flash_attn(shape: Shape, device):
     return (lambda q, k, v: flash_attn.flash_attn_func(q, k, v, causal=shape.causal)), "bshd"
 
 
+def _sdpa_backend_runs_on_cpu(backend) -> bool:
+    """Whether torch's SDPA has a CPU kernel for `backend` (else a call raises "No viable backend ...
+    turning off both the math kernel and the fused kernels", which reads like a setup mistake)."""
+    import warnings
+
+    from torch.nn.attention import sdpa_kernel
+    import torch.nn.functional as F
+
+    q = torch.zeros(1, 1, 16, 16)
+    try:
+        with warnings.catch_warnings(), sdpa_kernel(backend):
+            warnings.simplefilter("ignore")  # torch's "... kernel not used because" lines
+            F.scaled_dot_product_attention(q, q, q)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _sdpa_maker(backend_name: str):
     def make(shape: Shape, device):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
 
-        if shape.doc_lens:
-            raise Unavailable("SDPA has no varlen entry point (would need padding)")
-        if backend_name == "CUDNN_ATTENTION" and _is_rocm():
-            raise Unavailable("cuDNN backend is NVIDIA-only")
+        if backend_name == "CUDNN_ATTENTION" and (_is_rocm() or device == "cpu"):
+            raise Unavailable("the cuDNN SDPA backend is NVIDIA-only")
         backend = getattr(SDPBackend, backend_name, None)
         if backend is None:
             raise Unavailable(f"this torch has no SDPBackend.{backend_name}")
+        if device == "cpu" and not _sdpa_backend_runs_on_cpu(backend):
+            raise Unavailable(f"torch {torch.__version__} has no CPU kernel for SDPBackend.{backend_name}")
+        if shape.doc_lens:
+            raise Unavailable("SDPA has no varlen entry point (would need padding)")
         gqa = shape.heads_q != shape.heads_kv
 
         def fn(q, k, v):
@@ -264,6 +284,8 @@ MAKERS: Dict[str, Callable] = {
 #                    high-precision backward
 #   sdpa_cudnn_fp8   torch SDPA with float8 inputs on the cuDNN backend, where this torch takes them
 FP8_METHODS = ("fa_amd_fp8", "fa_amd_fp8_func", "sdpa_cudnn_fp8")
+# FP8 inputs have no backward: these get forward rows only (not a fwd+bwd row that reads "forward only")
+FORWARD_ONLY_METHODS = ("fa_amd_fp8", "sdpa_cudnn_fp8")
 FP8_DEFAULT_METHODS = ("fa_amd", "sdpa_cudnn", "flash_attn") + FP8_METHODS
 
 
@@ -539,10 +561,11 @@ def _failure_note(exc: Exception) -> str:
 def _prepare(method: str, shape: Shape, dtype, device) -> List[_Timed]:
     """The method's forward and forward+backward calls on fresh inputs (notes instead where it cannot run)."""
     base = dict(shape=asdict(shape), label=shape.label, kind=shape.kind, method=method)
+    modes = ("fwd",) if method in FORWARD_ONLY_METHODS else ("fwd", "fwd+bwd")
     try:
         fn, layout = MAKERS[method](shape, device)
     except Unavailable as exc:
-        return [_Timed(base, m, None, (), [], note=f"n/a: {exc}") for m in ("fwd", "fwd+bwd")]
+        return [_Timed(base, m, None, (), [], note=f"n/a: {exc}") for m in modes]
     q, k, v, dout = make_inputs(shape, layout, dtype, device)
 
     def fwd():
@@ -554,7 +577,7 @@ def _prepare(method: str, shape: Shape, dtype, device) -> List[_Timed]:
         out = out[0] if isinstance(out, tuple) else out
         out.backward(dout)
 
-    return [_Timed(base, "fwd", fwd, (q, k, v), []), _Timed(base, "fwd+bwd", fwd_bwd, (q, k, v), [])]
+    return [_Timed(base, m, fwd if m == "fwd" else fwd_bwd, (q, k, v), []) for m in modes]
 
 
 _L2_FLUSH = []  # one 256 MB buffer that every timed call's L2 flush goes through
@@ -798,22 +821,35 @@ def sdpa_route_table(results: List[Result]) -> List[str]:
     return out
 
 
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# the error of a CPU run without the interpreter (prefill and decode / generate alike)
+NO_INTERPRETER_ERROR = "error: on CPU set TRITON_INTERPRET=1 (fa_amd's kernels run through Triton's interpreter)"
+
+
 def environment(device) -> Dict:
     import triton
 
     env = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "interpreter": os.environ.get("TRITON_INTERPRET", "0") == "1"}
+           "interpreter": interpreter_on()}
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
         env["runtime"] = f"ROCm {torch.version.hip}" if _is_rocm() else f"CUDA {torch.version.cuda}"
     else:
-        env["gpu"] = "none (CPU, Triton interpreter)"
+        env["gpu"] = "none (CPU, Triton interpreter)" if env["interpreter"] else "none (CPU, no Triton interpreter)"
     from .arch import device_arch
 
     arch = device_arch()
     env["arch"] = arch.name
     return env
+
+
+def device_text(env: Dict) -> str:
+    """'GPU (arch)' for a header; on CPU the gpu text alone (its arch is just "cpu")."""
+    return env.get("gpu") if env.get("arch") == "cpu" else f"{env.get('gpu')} ({env.get('arch')})"
 
 
 def run(methods, dtype, device, quick=False, smoke=False, log=print, head_dims=None, seqlens=None,
@@ -877,6 +913,8 @@ def markdown_tables(results: List[Result]) -> str:
     if not results:  # --only sdpa-route: no kernel tables to draw
         return "\n".join(route_lines)
     methods = [m for m in METHODS + FP8_METHODS if any(r.method == m for r in results)]
+    # forward-only methods (FORWARD_ONLY_METHODS) have no column in the forward+backward tables
+    bwd_methods = [m for m in methods if any(r.method == m and r.mode == "fwd+bwd" for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method, r.mode): r for r in results}
     out = []
@@ -884,21 +922,22 @@ def markdown_tables(results: List[Result]) -> str:
     # fa_amd's ratio to cuDNN (the rival SDPA picks on Hopper), where both ran
     ratio = "fa_amd" in methods and "sdpa_cudnn" in methods
     for mode in ("fwd", "fwd+bwd"):
+        columns = methods if mode == "fwd" else bwd_methods
         out += [f"\n### {'Forward' if mode == 'fwd' else 'Forward + backward'} (TFLOP/s)\n",
-                "| shape | " + " | ".join(methods) + (" | vs cuDNN" if ratio else "") + " |",
-                "|---" * (len(methods) + 1 + ratio) + "|"]
+                "| shape | " + " | ".join(columns) + (" | vs cuDNN" if ratio else "") + " |",
+                "|---" * (len(columns) + 1 + ratio) + "|"]
         for label in labels:
-            cells = [_cell(idx.get((label, m, mode))) for m in methods]
+            cells = [_cell(idx.get((label, m, mode))) for m in columns]
             if ratio:
                 cells.append(_ratio(idx.get((label, "fa_amd", mode)), idx.get((label, "sdpa_cudnn", mode)), why))
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     # memory: fwd+bwd peak, relative to eager where eager ran
     out += ["\n### Peak memory of one forward + backward (MiB; x = relative to eager)\n",
-            "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+            "| shape | " + " | ".join(bwd_methods) + " |", "|---" * (len(bwd_methods) + 1) + "|"]
     for label in labels:
         eager = idx.get((label, "eager", "fwd+bwd"))
         cells = []
-        for m in methods:
+        for m in bwd_methods:
             r = idx.get((label, m, "fwd+bwd"))
             if r is None or r.tflops is None:
                 cells.append(_na("not run", why))
@@ -912,10 +951,10 @@ def markdown_tables(results: List[Result]) -> str:
     if any(r.host_ms is not None for r in results):
         out += ["\n### Host vs GPU time of one forward + backward (ms: CPU time to issue it / GPU time from a "
                 "CUDA graph replay; host >= GPU means that row measured the CPU)\n",
-                "| shape | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+                "| shape | " + " | ".join(bwd_methods) + " |", "|---" * (len(bwd_methods) + 1) + "|"]
         for label in labels:
             cells = []
-            for m in methods:
+            for m in bwd_methods:
                 r = idx.get((label, m, "fwd+bwd"))
                 if r is None or r.host_ms is None:
                     cells.append(_na("not run", why))
@@ -1092,6 +1131,33 @@ def _read_json(path: str) -> Dict:
         return json.load(f)
 
 
+def read_results_json(path: str) -> Dict:
+    """An earlier run's results.json; ValueError (one line) if `path` is not JSON or JSON of another kind."""
+    try:
+        payload = _read_json(path)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})")
+    what = "not a results.json of `fa-amd bench`"
+    if not isinstance(payload, dict):
+        raise ValueError(f"{what} (a JSON {type(payload).__name__}, not an object)")
+    # the JSON files of the other commands, named so the user sees which they passed
+    if "decode" in payload or "generate" in payload:
+        what += " (it is a --decode / --generate decode.json)"
+    elif "wall_seconds" in payload:
+        what += " (it is a `fa-amd compile --json` file)"
+    missing = [key for key in ("environment", "dtype", "results") if key not in payload]
+    env = payload.get("environment")
+    missing += [f"environment.{key}" for key in ("torch", "triton", "date") if isinstance(env, dict) and key not in env]
+    if missing or not isinstance(env, dict):
+        raise ValueError(f"{what}: no {', '.join(missing) or 'environment object'}")
+    try:
+        for row in payload["results"]:
+            Result(**row)  # (the report builds these; a wrong row is a TypeError there)
+    except TypeError as exc:
+        raise ValueError(f"{what}: its results are not result rows ({exc})")
+    return payload
+
+
 def merge_payloads(payloads: List[Dict]) -> Dict:
     """One report from runs split by --head-dims: same GPU, software and dtype required."""
     first = payloads[0]
@@ -1111,45 +1177,78 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
             "results": [r for p in payloads for r in p["results"]]}
 
 
+def _given(args, *options) -> List[str]:
+    """The options of `options` ("--name") set on the command line (not left at their None / False default)."""
+    values = [getattr(args, opt[2:].replace("-", "_"), None) for opt in options]
+    return [opt for opt, value in zip(options, values) if value is not None and value is not False]
+
+
 def run_cli(args) -> int:
+    # options that one side of the bench would silently ignore are errors
+    decode_only = _given(args, "--decode-rows", "--decode-methods", "--hbm-peak-gbs")
+    if decode_only and not getattr(args, "decode", False):
+        print(f"error: {', '.join(decode_only)} {'applies' if len(decode_only) == 1 else 'apply'} to the decode rows: "
+              f"{'it needs' if len(decode_only) == 1 else 'they need'} --decode", file=sys.stderr)
+        return 2
     if getattr(args, "decode", False) or getattr(args, "generate", False):
-        if getattr(args, "only", None):
-            print("error: --only picks prefill-side rows; it does not combine with --decode / --generate",
+        prefill_only = _given(args, "--only", "--quick", "--methods", "--fp8", "--host-time", "--head-dims",
+                              "--seqlens", "--no-sdpa-route", "--from-json")
+        if prefill_only:
+            print(f"error: {', '.join(prefill_only)} {'picks' if len(prefill_only) == 1 else 'pick'} prefill-side "
+                  f"rows; {'it does' if len(prefill_only) == 1 else 'they do'} not combine with --decode / --generate",
                   file=sys.stderr)
             return 2
         from . import bench_decode
 
         return bench_decode.run_cli(args)
     if args.from_json:
+        payloads = []
+        for path in args.from_json:
+            try:
+                payloads.append(read_results_json(path))
+            except (OSError, ValueError) as exc:
+                print(f"error: cannot use {path}: {exc}", file=sys.stderr)
+                return 2
         try:
-            payload = merge_payloads([_read_json(path) for path in args.from_json])
-        except (OSError, ValueError) as exc:
+            payload = merge_payloads(payloads)
+        except ValueError as exc:
             print(f"error: cannot use {' '.join(args.from_json)}: {exc}", file=sys.stderr)
             return 2
     else:
+        route_only = args.only == "sdpa-route"
+        if route_only and (args.no_sdpa_route or args.fp8 or args.methods or args.quick or args.head_dims
+                           or args.seqlens or args.host_time):
+            print("error: --only sdpa-route runs the SDPA route row alone; it takes --dtype, --rounds, --smoke, "
+                  "--out and --markdown, not --no-sdpa-route, --fp8, --methods, --quick, --head-dims, --seqlens "
+                  "or --host-time", file=sys.stderr)
+            return 2
+        picked = _given(args, "--head-dims", "--seqlens")
+        own = "--smoke" if args.smoke else "--fp8" if args.fp8 else None
+        if picked and own and not route_only:  # the smoke and FP8 rows are shapes of their own
+            print(f"error: {' and '.join(picked)} {'picks' if len(picked) == 1 else 'pick'} rows of the prefill "
+                  f"sweep; {own} runs its own shapes and does not take {'it' if len(picked) == 1 else 'them'}",
+                  file=sys.stderr)
+            return 2
+        if picked and not own and not route_only and not shapes(args.quick, False, args.head_dims, args.seqlens):
+            asked = " ".join(f"{opt} {' '.join(map(str, getattr(args, opt[2:].replace('-', '_'))))}" for opt in picked)
+            print(f"error: no benchmark row matches {asked}{' with --quick' if args.quick else ''} (--quick runs "
+                  f"d128 at seqlen 1024 and 4096; the d96 / d192 rows have seqlen "
+                  f"{', '.join(map(str, BETWEEN_SEQLENS))})", file=sys.stderr)
+            return 2
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu" and not args.smoke:
             print("error: no GPU found; `fa-amd bench` needs one (use --smoke with TRITON_INTERPRET=1 on CPU)",
                   file=sys.stderr)
             return 2
-        if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-            print("error: on CPU set TRITON_INTERPRET=1 (fa_amd's kernels run through Triton's interpreter)",
-                  file=sys.stderr)
-            return 2
-        route_only = args.only == "sdpa-route"
-        if route_only and (args.no_sdpa_route or args.fp8 or args.methods or args.quick or args.head_dims
-                           or args.host_time):
-            print("error: --only sdpa-route runs the SDPA route row alone; it takes --dtype, --rounds, --smoke, "
-                  "--out and --markdown, not --no-sdpa-route, --fp8, --methods, --quick, --head-dims or "
-                  "--host-time", file=sys.stderr)
+        if device == "cpu" and not interpreter_on():
+            print(NO_INTERPRETER_ERROR, file=sys.stderr)
             return 2
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
         methods = args.methods or (("fa_amd", "sdpa_flash", "eager") if args.smoke else METHODS)
         if args.fp8 and not args.methods:
             methods = FP8_DEFAULT_METHODS
         env = environment(device)
-        print(f"fa-amd bench on {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
-              f"{args.dtype}")
+        print(f"fa-amd bench on {device_text(env)}, torch {env['torch']}, triton {env['triton']}, {args.dtype}")
         start = time.perf_counter()
         rounds = args.rounds if args.rounds is not None else (1 if args.smoke else ROUNDS)
         if rounds < 1:

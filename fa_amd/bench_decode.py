@@ -6,10 +6,11 @@
     fa-amd bench --decode --generate --markdown docs/PERFORMANCE.md   # (re)writes the doc's decode section
     TRITON_INTERPRET=1 fa-amd bench --decode --generate --smoke   # tiny CPU run (CI)
 
-Decode rows: one query token per sequence attends a full KV cache (bf16).  Every method reads the
-same cache tensors ((batch, kv_heads, cache, d) storage; fa_amd and flash_attn get its
-(batch, cache, kv_heads, d) view), so a 128k x batch-64 row fits once in memory.  KV GB/s counts the
-K and V bytes one call must read (2 x batch x cache x kv_heads x d x 2 bytes) over its time.
+Decode rows: one query token per sequence attends a full KV cache (--dtype, bf16 by default; fp32 in
+the CPU smoke run).  Every method reads the same cache tensors ((batch, kv_heads, cache, d) storage;
+fa_amd and flash_attn get its (batch, cache, kv_heads, d) view), so a 128k x batch-64 row fits once in
+memory.  KV GB/s counts the K and V bytes one call must read (2 x batch x cache x kv_heads x d x 2 bytes
+in bf16) over its time.
 Methods: fa_amd (flash_attn_with_kvcache), torch SDPA (its own backend choice, enable_gqa),
 FlexAttention (torch.compile), flash_attn.flash_attn_with_kvcache if installed.  Timing as in
 `fa-amd bench`: per row, every method is timed in interleaved rounds (each round starts with
@@ -80,6 +81,18 @@ def decode_rows(smoke: bool = False) -> List[DecodeRow]:
     if smoke:
         return [DecodeRow(1, 40, 4, 2, 32), DecodeRow(2, 70, 4, 1, 32)]
     return [DecodeRow(b, s) for b in DECODE_BATCHES for s in DECODE_CACHES]
+
+
+def parse_decode_rows(items: List[str]) -> List[DecodeRow]:
+    """--decode-rows: BxCACHE items, integers B >= 1 and CACHE >= 1; ValueError (one line) otherwise."""
+    rows = []
+    for item in items:
+        fields = item.lower().split("x")
+        if len(fields) != 2 or not all(f.isascii() and f.isdigit() and int(f) >= 1 for f in fields):
+            raise ValueError(f"--decode-rows takes BxCACHE with integers B >= 1 and CACHE >= 1 (e.g. 1x2048 "
+                             f"64x131072), got {item!r}")
+        rows.append(DecodeRow(int(fields[0]), int(fields[1])))
+    return rows
 
 
 # --------------------------------------------------------------------------- methods
@@ -185,12 +198,16 @@ def hbm_peak_gbs(gpu_name: str) -> Optional[float]:
     return None
 
 
-def decode_markdown(results: List[DecodeResult], peak_gbs: Optional[float]) -> str:
+def decode_markdown(results: List[DecodeResult], peak_gbs: Optional[float], dtype: str = "bf16") -> str:
     methods = [m for m in DECODE_METHODS if any(r.method == m for r in results)]
     labels = list(dict.fromkeys(r.label for r in results))
     idx = {(r.label, r.method): r for r in results}
     head = "| batch, cache | " + " | ".join(methods) + (" | fa_amd % of HBM peak |" if peak_gbs else " |")
-    out = ["\n### Decode: KV GB/s (us per call); bf16, GQA 32/8, d128, one query token\n", head,
+    # the heads and head dim of the rows that ran (the --smoke rows are not the GQA 32/8, d128 ones)
+    heads = dict.fromkeys(f"{r.row['heads_q']}/{r.row['heads_kv']}" for r in results)
+    dims = dict.fromkeys(str(r.row["head_dim"]) for r in results)
+    what = f"GQA {' and '.join(heads)}, d{' / d'.join(dims)}"
+    out = [f"\n### Decode: KV GB/s (us per call); {dtype}, {what}, one query token\n", head,
            "|---" * (len(methods) + 1 + (1 if peak_gbs else 0)) + "|"]
     for label in labels:
         cells = []
@@ -332,20 +349,34 @@ def write_section(path: str, doc: str) -> None:
 # --------------------------------------------------------------------------- CLI (from fa_amd.bench)
 
 def run_cli(args) -> int:
+    rows = None
+    if args.decode and args.decode_rows:
+        try:
+            rows = parse_decode_rows(args.decode_rows)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.decode and args.hbm_peak_gbs is not None and not 0 < args.hbm_peak_gbs < float("inf"):
+        print(f"error: --hbm-peak-gbs must be a positive number of GB/s, got {args.hbm_peak_gbs}", file=sys.stderr)
+        return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.smoke:
         print("error: no GPU found; decode/generate benchmarks need one (--smoke with TRITON_INTERPRET=1 on CPU)",
               file=sys.stderr)
         return 2
+    if device == "cpu" and not bench.interpreter_on():  # (else every fa_amd row fails, one by one)
+        print(bench.NO_INTERPRETER_ERROR, file=sys.stderr)
+        return 2
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if device == "cpu":
         dtype = torch.float32  # the interpreter's bf16 dot is unreliable; the smoke run checks plumbing only
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     rounds = args.rounds if args.rounds is not None else (1 if args.smoke else bench.ROUNDS)
     if rounds < 1:
         print(f"error: --rounds must be >= 1, got {rounds}", file=sys.stderr)
         return 2
     env = bench.environment(device)
-    payload = {"environment": env, "dtype": args.dtype, "rounds": rounds}
+    payload = {"environment": env, "dtype": dtype_name, "rounds": rounds}
     parts = []
     if args.decode:
         methods = [m for m in (args.decode_methods or DECODE_METHODS)]
@@ -355,16 +386,14 @@ def run_cli(args) -> int:
             with open(os.path.join(args.out, "decode.partial.json"), "w") as f:
                 json.dump(dict(payload, decode=[asdict(r) for r in results]), f, indent=1)
 
-        rows = None
-        if args.decode_rows:
-            rows = [DecodeRow(*(int(x) for x in item.split("x"))) for item in args.decode_rows]
         results = run_decode(methods, dtype, device, smoke=args.smoke, rounds=rounds,
                              checkpoint=checkpoint if args.out else None, rows=rows)
         peak = args.hbm_peak_gbs or hbm_peak_gbs(env.get("gpu", ""))
         payload["decode"] = [asdict(r) for r in results]
         payload["hbm_peak_gbs"] = peak
-        parts.append(decode_markdown(results, peak))
-        if all(r.us is None for r in results if r.method == "fa_amd"):
+        parts.append(decode_markdown(results, peak, dtype_name))
+        fa_rows = [r for r in results if r.method == "fa_amd"]  # (none with --decode-methods without fa_amd)
+        if fa_rows and all(r.us is None for r in fa_rows):
             print("error: every fa_amd decode measurement failed", file=sys.stderr)
             print("\n".join(parts))
             return 1
@@ -372,8 +401,14 @@ def run_cli(args) -> int:
         gen = run_generate(dtype, device, smoke=args.smoke, rounds=rounds)
         payload["generate"] = [asdict(r) for r in gen]
         parts.append(generate_markdown(gen, args.smoke))
+        fa_gen = [r for r in gen if r.impl == "fa_amd"]
+        if fa_gen and all(r.tokens_per_s is None for r in fa_gen):
+            print("error: every fa_amd generate measurement failed", file=sys.stderr)
+            print("\n".join(parts))
+            return 1
+    arch = "" if env.get("arch") == "cpu" else f" ({env.get('arch')})"  # (on CPU the gpu text says it all)
     doc = (f"Measured by `fa-amd bench{' --decode' if args.decode else ''}{' --generate' if args.generate else ''}` "
-           f"on **{env.get('gpu')}** ({env.get('arch')}), torch {env['torch']}, triton {env['triton']}, "
+           f"on **{env.get('gpu')}**{arch}, {dtype_name}, torch {env['torch']}, triton {env['triton']}, "
            f"{env['date']}.\n" + "\n".join(parts) + "\n")
     print(doc)
     if args.markdown:

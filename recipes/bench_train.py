@@ -121,6 +121,7 @@ def resolve(args) -> Namespace:
     for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(shape, name))
+    common.check_model_shape(args, "bench_train.py", uses_fa_amd=args.attn is None or "fa_amd" in args.attn)
     if args.seq_lens is None:
         args.seq_lens = [2048, 8192] if gpu else [64]
     if args.batch_tokens is None:
@@ -131,8 +132,9 @@ def resolve(args) -> Namespace:
         args.steps = 50 if args.compare_loss else 10
     if args.dtype is None:
         args.dtype = "bf16" if gpu else "fp32"
-    if not gpu and args.dtype != "fp32":
-        print("[bench] no GPU: the Triton interpreter needs fp32, using --dtype fp32", flush=True)
+    if not gpu and args.dtype == "fp16":
+        # (bf16 is right on the interpreter: fa_amd widens its bf16 math, TUNING_NOTES v21)
+        print("[bench] no GPU: --dtype fp16 is for GPUs here, using --dtype fp32", flush=True)
         args.dtype = "fp32"
     if args.data is None:
         args.data = "corpus" if args.compare_loss else "synthetic"
@@ -143,6 +145,9 @@ def resolve(args) -> Namespace:
         args.attn = list(common.ATTN_IMPLEMENTATIONS) + ([] if args.compare_loss else forced)
     if args.compare_loss:
         args.dropout = 0.0
+        if args.reference not in args.attn:  # (else the gap table would be empty)
+            print(f"[bench] --compare-loss: adding the reference --reference {args.reference} to --attn", flush=True)
+            args.attn = [args.reference, *args.attn]
     return args
 
 
@@ -336,7 +341,12 @@ def measure_cell(args, attn: str, cell: dict, batches, seq_len: int, tokenizer, 
     except torch.OutOfMemoryError:
         cell.update({"status": "OOM"})
     except Exception as err:  # one failing cell must not lose the whole table
-        cell.update({"status": f"error: {type(err).__name__}: {err}"[:300]})
+        if attn in SDPA_FORCED and "No viable backend" in str(err):
+            # (torch blames "the math kernel and the fused kernels" being off: the forced one does not run here)
+            cell.update({"status": f"n/a: SDPA's {SDPA_FORCED[attn]} backend does not run on this device "
+                                   f"({device.type}) with these inputs"})
+        else:
+            cell.update({"status": f"error: {type(err).__name__}: {err}"[:300]})
     finally:
         del model, optimizer
         device_batches = None
@@ -483,5 +493,12 @@ def main(argv=None) -> dict:
     return report
 
 
+def exit_code(report: dict) -> int:
+    """1 when no cell measured anything (every attention failed: nothing was benchmarked), else 0."""
+    if "results" in report:
+        return 0 if any(cell["status"] == "ok" for cell in report["results"]) else 1
+    return 0 if any(status == "ok" for status in report.get("status", {}).values()) else 1
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main()))

@@ -37,7 +37,7 @@ from finetune_checkpoints import (  # noqa: F401  (re-exported: the tests and be
 )
 from finetune_options import (  # noqa: F401  (re-exported)
     ATTN_IMPLEMENTATIONS, CPU_SHAPE, DEVICE_DEFAULTS, DTYPES, GPU_SHAPE, MODEL_TYPES, ModelShape, build_parser,
-    default_dtype, has_gpu, resolve_args,
+    check_model_shape, default_dtype, has_gpu, resolve_args,
 )
 
 LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -190,6 +190,19 @@ def make_scheduler(optimizer, args):
     from transformers import get_cosine_schedule_with_warmup
 
     return get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
+
+
+def follow_this_runs_schedule(scheduler, optimizer, args) -> None:
+    """After a resume: the learning rate of the step the run is at under this run's schedule (--lr, --max-steps,
+    --warmup-steps), not the one the checkpoint's optimizer stopped at.  A run trained further with a larger
+    --max-steps had ended its cosine at lr 0 and trained its first resumed step at 0; an exact continuation gets
+    the value it restored."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # (accelerate's wrapper)
+    inner.base_lrs = [args.lr] * len(optimizer.param_groups)
+    for group, rule in zip(optimizer.param_groups, inner.lr_lambdas):
+        group["initial_lr"] = args.lr
+        group["lr"] = args.lr * rule(inner.last_epoch)
+    inner._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 # --------------------------------------------------------------------------- progress state
@@ -526,6 +539,7 @@ def train(model_type: str, argv=None) -> dict:
 
     if args.resume is not None:
         run_id, checkpoint = resume_training(args, accelerator, model, optimizer, progress, signature, output_dir)
+        follow_this_runs_schedule(scheduler, optimizer, args)
         optimizer_states = len(optimizer.state_dict()["state"])
         log(accelerator,
             f"resumed from {checkpoint} (run {run_id}): step {progress.step}, "
@@ -640,6 +654,7 @@ def train(model_type: str, argv=None) -> dict:
                     break
                 continue
             consecutive_skips = 0
+            step_lr = scheduler.get_last_lr()[0]  # (the rate this update uses; the scheduler then moves on)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -648,7 +663,7 @@ def train(model_type: str, argv=None) -> dict:
             if nonfinite_tensors(accelerator, trainable_params):
                 bar.close()
                 stop(f"the update of step {progress.step} made weights non-finite (loss {mean_loss:.4f}, "
-                     f"gradient norm {norm:.3g}, lr {scheduler.get_last_lr()[0]:.3g})", skippable=False)
+                     f"gradient norm {norm:.3g}, lr {step_lr:.3g})", skippable=False)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the step's time includes its update
             elapsed = time.perf_counter() - step_started
@@ -658,7 +673,7 @@ def train(model_type: str, argv=None) -> dict:
             record = {
                 "step": progress.step,
                 "loss": mean_loss,
-                "lr": scheduler.get_last_lr()[0],
+                "lr": step_lr,
                 "grad_norm": norm if grad_norm is not None else None,
                 "tokens": tokens,
                 "tokens_per_s": tokens / elapsed,

@@ -257,6 +257,19 @@ def fail(parser_prog: str, message: str):
     raise SystemExit(2)
 
 
+def check_model_shape(args, prog: str, uses_fa_amd: bool):
+    """The random-init model's shape options fit together (one-line errors, exit 2)."""
+    if args.hidden_size % args.num_heads:
+        fail(prog, f"--hidden-size {args.hidden_size} is not a multiple of --num-heads {args.num_heads}")
+    head_dim = args.hidden_size // args.num_heads
+    if args.num_heads % args.num_kv_heads:
+        fail(prog, f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
+    if head_dim % 2:
+        fail(prog, f"head dim --hidden-size / --num-heads = {head_dim} must be even (rotary embeddings)")
+    if uses_fa_amd and head_dim > MAX_HEAD_DIM:
+        fail(prog, f"head dim --hidden-size / --num-heads = {head_dim} is above fa_amd's {MAX_HEAD_DIM}")
+
+
 def resolve_args(args: argparse.Namespace, prog: str | None = None) -> argparse.Namespace:
     """Fill the per-device defaults and check combinations that cannot work (one-line errors, exit 2)."""
     prog = prog or f"finetune_{args.model_type}.py"
@@ -272,15 +285,7 @@ def resolve_args(args: argparse.Namespace, prog: str | None = None) -> argparse.
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.model is None:
-        if args.hidden_size % args.num_heads:
-            fail(prog, f"--hidden-size {args.hidden_size} is not a multiple of --num-heads {args.num_heads}")
-        head_dim = args.hidden_size // args.num_heads
-        if args.num_heads % args.num_kv_heads:
-            fail(prog, f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
-        if head_dim % 2:
-            fail(prog, f"head dim --hidden-size / --num-heads = {head_dim} must be even (rotary embeddings)")
-        if args.attn == "fa_amd" and head_dim > MAX_HEAD_DIM:
-            fail(prog, f"head dim --hidden-size / --num-heads = {head_dim} is above fa_amd's {MAX_HEAD_DIM}")
+        check_model_shape(args, prog, uses_fa_amd=args.attn == "fa_amd")
     else:
         check_model_path(args.model, prog)
     if args.dtype == "auto":
@@ -288,10 +293,6 @@ def resolve_args(args: argparse.Namespace, prog: str | None = None) -> argparse.
     if not gpu and args.dtype != "fp32":
         if args.dtype == "fp16":
             fail(prog, "--dtype fp16 needs a GPU (the GradScaler path is GPU-only); use fp32 on CPU")
-        if args.attn == "fa_amd":
-            # The interpreter's bf16 tl.dot gives wrong results; fp32 is the one that is right on CPU.
-            print("[recipe] no GPU: the Triton interpreter needs fp32, switching --dtype bf16 -> fp32", flush=True)
-            args.dtype = "fp32"
     if args.dropout is None and args.model is None:
         args.dropout = 0.1
     if args.lr is None:

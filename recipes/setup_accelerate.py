@@ -72,11 +72,18 @@ def main(argv=None) -> int:
                   "CPU threads on every launch; --force replaces it with one that does not")
         return 0
     config = machine_config()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config, f, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as err:  # an unwritable or impossible path: one line, not a traceback
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        reason = f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err)
+        print(f"error: cannot write the Accelerate config {path} ({reason})", file=sys.stderr)
+        return 2
     print(f"[setup] wrote the Accelerate config {path}: {config['num_processes']} process(es), "
           f"{config['distributed_type']}")
     return 0

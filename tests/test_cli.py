@@ -56,16 +56,23 @@ def test_bench_smoke(tmp_path):
 def test_bench_fp8_smoke(tmp_path):
     """--fp8: fa_amd's FP8 forward rows beside its bf16 forward, with the speedup lines; torch's
     FP8 SDPA is probed (n/a on CPU) and FA3-style FP8 inputs have no fwd+bwd row."""
-    res = run_cli("bench", "--smoke", "--fp8", "--methods", "fa_amd", "fa_amd_fp8", "fa_amd_fp8_func", "sdpa_cudnn_fp8",
-                  "--out", str(tmp_path), timeout=300)
+    res = run_cli("bench", "--smoke", "--fp8", "--methods", "fa_amd", "sdpa_cudnn", "fa_amd_fp8", "fa_amd_fp8_func",
+                  "sdpa_cudnn_fp8", "--out", str(tmp_path), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     rows = {(r["method"], r["mode"], r["kind"]): r for r in results}
     for method in ("fa_amd", "fa_amd_fp8", "fa_amd_fp8_func"):
         assert rows[(method, "fwd", "gqa")]["tflops"] > 0
     assert rows[("fa_amd_fp8_func", "fwd+bwd", "dense")]["tflops"] > 0
-    assert "forward only" in rows[("fa_amd_fp8", "fwd+bwd", "dense")]["note"]
+    # forward-only methods have no fwd+bwd rows (not an error cell saying "forward only")
+    assert not [key for key in rows if key[0] in ("fa_amd_fp8", "sdpa_cudnn_fp8") and key[1] == "fwd+bwd"]
+    assert "forward only" not in res.stdout
+    bwd_table = res.stdout.split("### Forward + backward")[1].split("###")[0]
+    assert "fa_amd_fp8_func" in bwd_table and "fa_amd_fp8 " not in bwd_table and "sdpa_cudnn_fp8" not in bwd_table
     assert rows[("sdpa_cudnn_fp8", "fwd", "dense")]["note"].startswith("n/a")
+    if not cli_gpu():  # the bf16 cuDNN peer: not torch's "No viable backend ... turning off" message
+        assert rows[("sdpa_cudnn", "fwd", "dense")]["note"] == "n/a: the cuDNN SDPA backend is NVIDIA-only"
+        assert "No viable backend" not in res.stdout
     assert "FP8 forward vs fa_amd bf16 forward" in res.stdout and "fa_amd_fp8 " in res.stdout
 
 
@@ -271,3 +278,136 @@ def test_info_without_interpreter_is_consistent():
     backend = [line for line in res.stdout.splitlines() if line.startswith("backend")]
     assert len(backend) == 1 and backend[0].split()[1] == "none:" and "TRITON_INTERPRET=1" in backend[0]
     assert "interpreter off" in res.stdout and "arch " not in res.stdout
+
+
+# --------------------------------------------------------------------------- bad arguments: one line, exit 2
+
+def _one_line_error(capsys, needle):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+    return err
+
+
+def test_compile_from_json_bad_files_are_one_line_errors(tmp_path, capsys):
+    """`fa-amd compile --from-json`: a missing file, a non-JSON file and JSON of another kind (`{}`, a
+    `fa-amd bench` results.json) are one-line errors naming the file, exit 2, not tracebacks."""
+    not_json, empty, bench_json = tmp_path / "x.txt", tmp_path / "empty.json", tmp_path / "results.json"
+    not_json.write_text("not json")
+    empty.write_text("{}")
+    bench_json.write_text(json.dumps({"environment": {}, "dtype": "bf16", "results": [{"shape": {}, "label": "x"}]}))
+    for path, needle in ((tmp_path / "nope.json", "No such file"), (not_json, "not JSON"),
+                         (empty, "fa-amd compile --json"), (bench_json, "fa-amd compile --json")):
+        assert cli.main(["compile", "--from-json", str(path)]) == 2
+        assert f"cannot use {path}: " in _one_line_error(capsys, needle)
+
+
+def test_bench_from_json_of_another_kind_is_a_one_line_error(tmp_path, capsys):
+    """`fa-amd bench --from-json` with valid JSON that is not a bench results.json (`{}`, the JSON that
+    `fa-amd compile --json` writes, a list): one-line error naming the file, exit 2."""
+    empty, aot_json, listed = tmp_path / "empty.json", tmp_path / "aot.json", tmp_path / "list.json"
+    empty.write_text("{}")
+    aot_json.write_text(json.dumps({"triton": "3.5", "wall_seconds": 1.0, "targets": ["gfx942"],
+                                    "results": [{"target": "gfx942", "kernel": "fwd", "variant": "x"}]}))
+    listed.write_text("[1, 2]")
+    for path, needle in ((empty, "no environment, dtype, results"), (aot_json, "fa-amd compile --json"),
+                         (listed, "not an object")):
+        assert cli.main(["bench", "--from-json", str(path)]) == 2
+        err = _one_line_error(capsys, needle)
+        assert f"cannot use {path}: not a results.json" in err
+
+
+def test_decode_rows_are_validated(capsys):
+    """--decode-rows takes BxCACHE with integers >= 1, nothing else (no third field read as heads)."""
+    for item in ("abc", "-1x2048", "0x2048", "1x0", "1x2048x3", "1.5x2048", "x2048"):
+        assert cli.main(["bench", "--decode", "--smoke", f"--decode-rows={item}"]) == 2, item
+        _one_line_error(capsys, f"got {item!r}")
+    from fa_amd.bench_decode import DecodeRow, parse_decode_rows
+
+    assert parse_decode_rows(["1x2048", "64X131072"]) == [DecodeRow(1, 2048), DecodeRow(64, 131072)]
+
+
+def test_ignored_option_combinations_are_errors(capsys):
+    """Options that a run would silently ignore are one-line errors naming the option and what it needs."""
+    cases = [
+        (["bench", "--smoke", "--seqlens", "512", "--head-dims", "256"], "--head-dims and --seqlens"),
+        (["bench", "--smoke", "--fp8", "--head-dims", "128"], "--smoke runs its own shapes"),
+        (["bench", "--fp8", "--seqlens", "1024"], "--fp8 runs its own shapes"),
+        (["bench", "--smoke", "--decode-rows", "1x2048"], "--decode-rows applies to the decode rows"),
+        (["bench", "--smoke", "--decode-methods", "sdpa"], "it needs --decode"),
+        (["bench", "--smoke", "--generate", "--hbm-peak-gbs", "3000"], "--hbm-peak-gbs"),
+        (["bench", "--smoke", "--decode", "--methods", "fa_amd"], "--methods picks prefill-side rows"),
+        (["bench", "--head-dims", "96", "--seqlens", "512"], "no benchmark row matches"),
+        (["bench", "--quick", "--head-dims", "64"], "no benchmark row matches --head-dims 64 with --quick"),
+        (["compile", "--head-dims", "64"], "--head-dims narrows the --full sweep: it needs --full"),
+        (["compile", "--dtypes", "fp16", "--variants", "plain"], "they need --full"),
+        (["compile", "-j", "0"], "-j/--jobs must be >= 1, got 0"),
+    ]
+    for argv, needle in cases:
+        assert cli.main(argv) == 2, argv
+        _one_line_error(capsys, needle)
+
+
+@pytest.mark.cpu_only
+def test_decode_and_generate_without_interpreter_fail_early(monkeypatch, capsys):
+    """On CPU without TRITON_INTERPRET=1, --decode / --generate give the prefill path's one-line error
+    (exit 2) instead of failing row by row."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for extra in (["--decode"], ["--generate"]):
+        assert cli.main(["bench", "--smoke", *extra]) == 2
+        _one_line_error(capsys, "set TRITON_INTERPRET=1")
+
+
+def test_generate_fails_when_every_fa_amd_cell_failed(monkeypatch, capsys):
+    """--generate exits 1 when every fa_amd generate measurement failed, as --decode and the prefill rows do."""
+    from fa_amd import bench_decode
+
+    def failed(dtype, device, smoke=False, rounds=1, **kw):
+        return [bench_decode.GenerateResult("fa_amd", "dynamic", note="n/a: ValueError: no kernels here"),
+                bench_decode.GenerateResult("sdpa", "dynamic", tokens_per_s=900.0, seconds=0.1)]
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(bench_decode, "run_generate", failed)
+    assert cli.main(["bench", "--generate", "--smoke"]) == 1
+    assert "every fa_amd generate measurement failed" in capsys.readouterr().err
+
+
+def test_bench_text_says_what_ran(monkeypatch, capsys):
+    """The environment says whether the interpreter is on, and the CPU decode smoke run's heading names
+    the dtype and heads it computed in (fp32, its tiny GQA rows), not bf16 GQA 32/8 d128."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert bench.environment("cpu")["gpu"] == "none (CPU, no Triton interpreter)"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert bench.environment("cpu")["gpu"] == "none (CPU, Triton interpreter)"
+    if cli_gpu():
+        return
+    # (no fa_amd rows: not a failure)
+    assert cli.main(["bench", "--decode", "--smoke", "--decode-methods", "sdpa"]) == 0
+    out = capsys.readouterr().out
+    assert "### Decode: KV GB/s (us per call); fp32, GQA 4/2 and 4/1, d32, one query token" in out
+    assert "bf16" not in out and "(cpu)" not in out
+
+
+@pytest.mark.cpu_only
+def test_sdpa_backends_without_a_cpu_kernel_say_so():
+    """On CPU a forced SDPA backend with no kernel here reads "not available", not torch's "No viable
+    backend ... turning off both the math kernel and the fused kernels"."""
+    shape = bench.Shape(1, 16, 2, 2, 16, False)
+    notes = {m: [t.note for t in bench._prepare(m, shape, torch.float32, "cpu")]
+             for m in ("sdpa_cudnn", "sdpa_efficient")}
+    assert notes["sdpa_cudnn"] == ["n/a: the cuDNN SDPA backend is NVIDIA-only"] * 2
+    assert all("no CPU kernel" in note for note in notes["sdpa_efficient"])
+    # a forward-only method gets a forward row alone
+    assert [t.mode for t in bench._prepare("sdpa_cudnn_fp8", shape, torch.float32, "cpu")] == ["fwd"]
+
+
+def test_setup_accelerate_unwritable_path_is_a_one_line_error(tmp_path):
+    import subprocess as sp
+    from pathlib import Path
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    script = Path(__file__).resolve().parents[1] / "recipes" / "setup_accelerate.py"
+    res = sp.run([sys.executable, str(script), "--config-file", str(blocker / "x.yaml")], capture_output=True,
+                 text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("error: cannot write the Accelerate config") and res.stderr.count("\n") == 1

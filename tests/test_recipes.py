@@ -152,6 +152,24 @@ def test_resume_restores_step_optimizer_and_data_position(tmp_path, recipe_env):
         assert after["loss"] == pytest.approx(before["loss"], abs=1e-5 if ON_CPU else 5e-3), before["step"]
         assert after["lr"] == pytest.approx(before["lr"], rel=1e-9)
 
+    # Training further (a larger --max-steps, here with another --lr and warm-up too, which a resume may change):
+    # the resumed steps follow the new run's schedule; the old one had ended its cosine at lr 0, and the first
+    # resumed step used to train at that 0.  Each step logs the rate it trained at.
+    from transformers import get_cosine_schedule_with_warmup
+
+    further = tmp_path / "further"
+    shutil.copytree(straight / "checkpoints" / "step_0000004", further / "checkpoints" / "step_0000004")
+    args = list(common)
+    args[args.index("--max-steps") + 1] = "6"
+    run_recipe([*args, "--lr", "0.01", "--warmup-steps", "1", "--output-dir", str(further), "--resume"], recipe_env)
+    rule = get_cosine_schedule_with_warmup(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01), 1, 6)
+    assert straight_metrics["steps"][0]["lr"] == 0.0  # (warm-up: the first step trains at 0, and says so)
+    steps = read_metrics(further)["steps"]
+    assert [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]
+    for record in steps[4:]:
+        assert record["lr"] == pytest.approx(0.01 * rule.lr_lambdas[0](record["step"] - 1), rel=1e-9), record
+    assert steps[4]["lr"] > 0
+
     straight_optimizer = torch.load(straight / "checkpoints" / "step_0000004" / "optimizer.bin", weights_only=False)
     resumed_optimizer = torch.load(resumed / "checkpoints" / "step_0000004" / "optimizer.bin", weights_only=False)
     assert straight_optimizer["state"].keys() == resumed_optimizer["state"].keys()
