@@ -26,6 +26,7 @@ from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_
 from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
+from .ops import refuse_forward_tangents
 from .tuning import get_decode_config, tables
 from .tuning.tuned_table import getenv
 
@@ -166,6 +167,7 @@ def _minmax(t: torch.Tensor):
 
 
 def _check_grad(what: str, **tensors):
+    refuse_forward_tangents(what, **tensors)
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from .kernels.backward import attention_backward
@@ -279,6 +280,27 @@ attention_fwd_by_positions.register_autograd(_backward_by_positions, setup_conte
 attention_bwd_by_positions.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)
 
 
+def forward_tangent_of(*tensors) -> Optional[int]:
+    """The position of the first tensor carrying a forward-mode AD tangent (torch.autograd.forward_ad dual
+    tensors), or None.  The kernels have no jvp: such a tangent would be dropped silently."""
+    if forward_ad._current_level < 0:  # no dual level is open: no tangent anywhere (the common case)
+        return None
+    for i, t in enumerate(tensors):
+        if isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            return i
+    return None
+
+
+def refuse_forward_tangents(what: str, **tensors) -> None:
+    """NotImplementedError naming the first argument that carries a forward-mode AD tangent (as torch's
+    flash SDPA kernel refuses them)."""
+    at = forward_tangent_of(*tensors.values())
+    if at is not None:
+        raise NotImplementedError(
+            f"{what} has no forward-mode AD (jvp), but {list(tensors)[at]} carries a tangent "
+            f"(torch.autograd.forward_ad); use torch's SDPA math backend for forward-mode AD")
+
+
 def attention(*inputs):
     """(out, softmax_lse, probs) for attention_fwd's arguments (the 17th, `sinks`, optional),
     differentiable in q, k, v (and sinks): the custom op while torch.compile (or another tracer:
@@ -287,6 +309,7 @@ def attention(*inputs):
     if torch.compiler.is_compiling() or _traced(q):
         return torch.ops.fa_amd.attention_fwd(*inputs)
     sinks = inputs[16] if len(inputs) > 16 else None
+    refuse_forward_tangents("fa_amd attention", q=q, k=k, v=v, sinks=sinks)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                          or (sinks is not None and sinks.requires_grad))):
         return attention_forward(*inputs[:15], *inputs[16:])  # inference: nothing to save, no autograd node

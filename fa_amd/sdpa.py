@@ -51,7 +51,7 @@ from typing import Optional
 
 import torch
 
-from . import interface
+from . import interface, ops
 from .arch import INTERPRET
 from .memo import memo_per_tensor
 from .ops import _gradients, _traced
@@ -206,6 +206,8 @@ def _unservable(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
         return "nested or subclassed tensors"
     if _functorch_active():
         return "a torch.func transform (grad, vmap, jacrev, ...)"
+    if ops.forward_tangent_of(*tensors) is not None:
+        return "forward-mode AD (dual tensors): fa_amd's kernels have no jvp"
     if query.dtype not in interface.SUPPORTED_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         return f"dtype {query.dtype}/{key.dtype}/{value.dtype}"
     device = query.device
@@ -304,6 +306,10 @@ def _sdpa_on_fa_amd(query, key, value, attn_mask, dropout_p, is_causal, scale):
     if width != v_dim:
         out = out[..., :v_dim]
     out = out.transpose(1, 2)
+    if query.is_contiguous() and not out.is_contiguous():
+        # torch's SDPA gives the output the query's layout (its kernels' meta: empty_like(query)), and code may
+        # .view() it; a model's transposed (B, L, H, E) query already has the layout the kernel wrote: no copy
+        out = out.contiguous()
     return out if query.dim() == 4 else out.reshape(*query.shape[:-1], v_dim)
 
 

@@ -394,3 +394,45 @@ def test_gpu_hf_sdpa_model_under_the_route(served):
     torch.testing.assert_close(logits, ref_logits, atol=6e-2, rtol=6e-2)
     for name in grads:
         torch.testing.assert_close(grads[name], ref_grads[name], atol=6e-2, rtol=6e-2, msg=name)
+
+
+def test_routed_output_has_the_query_layout(device, served):
+    """torch's SDPA gives the output the query's layout (empty_like(query)): a contiguous query gets a contiguous
+    output that .view() takes (audit 2026-11-28: the route gave a transposed one); a model's transposed (B, L, H, E)
+    query keeps the layout the kernel wrote (no copy)."""
+    q = torch.randn(2, 3, 5, 16, device=device)
+    with fa_amd.sdpa_route():
+        out = F.scaled_dot_product_attention(q, q, q)
+        bl = torch.randn(2, 5, 3, 16, device=device).transpose(1, 2)
+        out_bl = F.scaled_dot_product_attention(bl, bl, bl)
+    assert len(served) == 2
+    assert out.is_contiguous() and out.view(6, 5, 16).shape == (6, 5, 16)
+    assert out_bl.stride() == bl.stride()
+    torch.testing.assert_close(out, _math(q, q, q), atol=1e-5, rtol=1e-5)
+
+
+def test_forward_mode_ad_is_refused_not_dropped(device):
+    """fa_amd's kernels have no jvp: a dual tensor's tangent must not vanish (audit 2026-11-28: the output had
+    none).  flash_attn_func raises naming the argument; the route hands such calls to torch, which computes or
+    refuses them as it would without the route."""
+    import torch.autograd.forward_ad as forward_ad
+
+    q, k, v = (torch.randn(1, 5, 2, 16, device=device) for _ in range(3))
+    with forward_ad.dual_level():
+        dual_k = forward_ad.make_dual(k, torch.randn_like(k))
+        with pytest.raises(NotImplementedError, match="no forward-mode AD.*but k carries a tangent"):
+            fa_amd.flash_attn_func(q, dual_k, v)
+        assert fa_amd.flash_attn_func(q, k, v).shape == q.shape  # plain tensors inside a dual level are fine
+        qt, kt, vt = q.transpose(1, 2), dual_k.transpose(1, 2), v.transpose(1, 2)
+        outcomes = []
+        for routed in (False, True):
+            with fa_amd.sdpa_route() if routed else torch.no_grad():
+                try:
+                    out = F.scaled_dot_product_attention(qt, kt, vt)
+                    outcomes.append(forward_ad.unpack_dual(out).tangent)
+                except NotImplementedError:
+                    outcomes.append("refused")
+        if isinstance(outcomes[0], torch.Tensor):
+            torch.testing.assert_close(outcomes[1], outcomes[0])
+        else:
+            assert outcomes == ["refused", "refused"]
