@@ -428,6 +428,28 @@ def optimizer_tensors(optimizer):
             if hasattr(v, "dtype") and v.dtype.is_floating_point]
 
 
+def shared_run_id(accelerator) -> str:
+    """A new run id, the same on every process (rank 0's): each rank saves its part of a checkpoint into the
+    folder the id names, and only rank 0 completes it (audit 2026-11-28: ids drawn per rank left rank 1's
+    files in a stray folder, so multi-process checkpoints were incomplete)."""
+    ids = [new_run_id()]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(ids, from_process=0)
+    return ids[0]
+
+
+def _rescale_data_position(accelerator, progress, marker: dict) -> None:
+    """A checkpoint of another process count (--allow-resume-mismatch): micro_batches_in_epoch counts one
+    process's batches, so the batches all of them took are spread over this run's processes (approximately:
+    such a resume is not exact anyway)."""
+    saved = (marker.get("config") or {}).get("num_processes")
+    if isinstance(saved, int) and saved > 0 and saved != accelerator.num_processes:
+        taken = progress.micro_batches_in_epoch * saved
+        progress.micro_batches_in_epoch = -(-taken // accelerator.num_processes)
+
+
 def resume_training(args, accelerator, model, optimizer, progress, signature, output_dir) -> tuple[str, Path]:
     """Load the newest usable checkpoint (damaged ones are skipped with a warning): (its run id, its folder)."""
     candidates, explicit = resume_candidates(args.resume, output_dir)
@@ -439,7 +461,10 @@ def resume_training(args, accelerator, model, optimizer, progress, signature, ou
             try:
                 accelerator.load_state(str(checkpoint))
                 failed = False
-            except Exception as err:  # unreadable safetensors / torch files: a damaged checkpoint
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # unreadable safetensors / torch files, a missing FSDP shard (torch's
+                # CheckpointException is a BaseException): a damaged checkpoint
                 failed, problem = True, f"cannot load it ({first_line(err)})"
             if not any_process(accelerator, failed):
                 bad = nonfinite_tensors(accelerator, list(model.parameters()) + optimizer_tensors(optimizer))
@@ -449,7 +474,8 @@ def resume_training(args, accelerator, model, optimizer, progress, signature, ou
                         warn(accelerator, f"{checkpoint} has no RNG state for process(es) {missing}: model, optimizer, "
                                           f"schedule and data position are restored, but dropout draws differ, so the "
                                           f"resumed run is not an exact continuation")
-                    return marker.get("run_id") or new_run_id(), checkpoint
+                    _rescale_data_position(accelerator, progress, marker)
+                    return marker.get("run_id") or shared_run_id(accelerator), checkpoint
                 problem = "its weights or optimizer state hold NaN/inf"
             elif problem is None:
                 problem = "another process could not load its part"
@@ -473,7 +499,10 @@ def train(model_type: str, argv=None) -> dict:
     mixed_precision = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[args.dtype]
     # The scheduler is stepped by hand once per optimizer step; accelerate's
     # default would step it once per process per step.
-    accelerator = Accelerator(mixed_precision=mixed_precision, step_scheduler_with_optimizer=False)
+    # cpu: on a machine without a GPU, a multi-process launch (WORLD_SIZE > 1) runs gloo DDP; without it each
+    # process ran a one-process job of its own into the same folder
+    accelerator = Accelerator(mixed_precision=mixed_precision, step_scheduler_with_optimizer=False,
+                              cpu=not has_gpu())
     output_dir = Path(args.output_dir)
     # Before any work: a file, an unwritable folder, or another run's checkpoints stop the run here.
     on_main_then_all(accelerator, lambda: check_output_dir(
@@ -534,7 +563,12 @@ def train(model_type: str, argv=None) -> dict:
 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    log(accelerator, f"run: {describe_run(args)}; {accelerator.num_processes} process(es) on {accelerator.device}")
+    kind = accelerator.distributed_type.value
+    log(accelerator, f"run: {describe_run(args)}; {accelerator.num_processes} process(es) on {accelerator.device}"
+                     + (f" ({kind})" if accelerator.num_processes > 1 else ""))
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and kind != "FSDP":
+        warn(accelerator, f"the Accelerate config asks for FSDP, but Accelerate runs {kind} here (it uses FSDP on "
+                          f"GPUs only): every process holds the whole model")
     log(accelerator, f"parameters: {total / 1e6:.2f}M total, {trainable / 1e6:.2f}M trained")
 
     if args.resume is not None:
@@ -549,7 +583,7 @@ def train(model_type: str, argv=None) -> dict:
         if progress.step >= args.max_steps:
             log(accelerator, f"checkpoint is already at step {progress.step} >= --max-steps {args.max_steps}")
     else:
-        run_id = new_run_id()
+        run_id = shared_run_id(accelerator)
         log(accelerator, f"run id {run_id} (its checkpoints carry it; rotation deletes no other run's)")
 
     # --- the disk must hold what the run writes (checkpoints kept at once + the final model)

@@ -419,3 +419,25 @@ def test_setup_accelerate_writes_once_and_keeps_a_users_config(tmp_path, capsys)
     assert "use_cpu: true" in path.read_text() and "keeping the existing" in capsys.readouterr().out
     setup_accelerate.main(["--config-file", str(path), "--force"])
     assert yaml.safe_load(path.read_text())["use_cpu"] is False
+
+
+@pytest.mark.skipif(not ON_CPU, reason="two processes on the CPU (gloo); GPUs: `bash .ci/gpu multi`")
+def test_two_processes_on_the_cpu_save_whole_checkpoints_and_resume_exactly(tmp_path, recipe_env):
+    """The DDP config launched with 2 processes on a CPU-only machine is one 2-process (gloo) run, not two
+    one-process runs into one folder; its checkpoints hold every rank's files (audit 2026-11-28: each rank drew
+    its own run id, so rank 1's files went to a stray folder and a resume lost its RNG state); and a resume
+    from step 2 repeats the uninterrupted run's steps 3-4 exactly."""
+    common = [*accelerate_launch(), "--config_file", RECIPES / "configs" / "multi_gpu_ddp.yaml", "--num_processes",
+              "2", RECIPES / "finetune_llama.py", "--max-steps", "4", "--save-every", "2", "--keep-checkpoints", "0",
+              "--no-save-model", *TINY]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _, output = run_recipe([*common, "--output-dir", straight], recipe_env)
+    assert "2 process(es) on cpu" in output and "MULTI_CPU" in output
+    step_2 = straight / "checkpoints" / "step_0000002"
+    assert (step_2 / "random_states_0.pkl").exists() and (step_2 / "random_states_1.pkl").exists()
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["step_0000002", "step_0000004"]
+    shutil.copytree(step_2, resumed / "checkpoints" / "step_0000002")
+    _, output = run_recipe([*common, "--output-dir", resumed, "--resume"], recipe_env)
+    assert "no RNG state" not in output
+    before, after = read_metrics(straight)["steps"], read_metrics(resumed)["steps"]
+    assert [h["loss"] for h in after[2:]] == [h["loss"] for h in before[2:]]
