@@ -150,3 +150,49 @@ def test_bad_inputs_raise(device):
         apply_rotary(x, cos, sin, seqlen_offsets=1.5)
     with pytest.raises(TypeError, match="float16"):
         apply_rotary(x.to(torch.int32), cos, sin)
+
+
+def test_inplace_on_leaves_that_require_grad_as_flash_attn(device, poison):
+    """flash-attn's own tests rotate leaves that require grad in place (the rotation runs inside its autograd
+    Function); autograd refuses a plain in-place write to them (audit 2026-11-28: a RuntimeError here).  The
+    leaf's memory holds the rotation and its gradient is the conjugate rotation, for x, a view of one, and the
+    stand-in's packed qkv / kv helpers."""
+    from fa_amd.integrations import flash_attn_compat as fa
+
+    torch.manual_seed(4)
+    cos, sin = tables(7, 12, device)
+    x = torch.randn(2, 7, 3, 16, device=device, requires_grad=True)
+    before = x.detach().clone()
+    out = flash_apply_rotary_emb(x, cos, sin, interleaved=True, inplace=True)
+    _close(x.detach(), reference(before, cos, sin, True), torch.float32)  # rotated in place
+    g = torch.randn_like(out)
+    out.backward(g)
+    _close(x.grad, reference(g, cos, sin, True, conjugate=True), torch.float32)
+
+    qkv = torch.randn(2, 7, 3, 2, 16, device=device, requires_grad=True)
+    before = qkv.detach().clone()
+    out = fa.apply_rotary_emb_qkv_(qkv, cos, sin)
+    out.backward(g.unsqueeze(2).expand(-1, -1, 3, -1, -1)[..., :2, :])
+    for i in range(2):  # q and k rotated, v as it was; gradients through the conjugate rotation
+        _close(qkv.detach()[:, :, i], reference(before[:, :, i], cos, sin), torch.float32)
+        _close(qkv.grad[:, :, i], reference(g[..., :2, :], cos, sin, conjugate=True), torch.float32)
+    assert torch.equal(qkv.detach()[:, :, 2], before[:, :, 2])
+    assert torch.equal(qkv.grad[:, :, 2], g[..., :2, :])
+
+    kv = torch.randn(2, 7, 2, 3, 16, device=device, requires_grad=True)
+    out = fa.apply_rotary_emb_kv_(kv, cos, sin)
+    out.sum().backward()
+    _close(kv.grad[:, :, 0], reference(torch.ones_like(g), cos, sin, conjugate=True), torch.float32)
+
+
+def test_xpos_tables_of_a_module_cast_to_bf16(device):
+    """RotaryEmbedding with scale_base (XPos) computes its scale in fp32 even after the module was cast to
+    bf16 (audit 2026-11-28: the bf16 scale buffer put 1.1 % errors into the tables at 1000 tokens)."""
+    from fa_amd.integrations import flash_attn_compat as fa
+
+    full = fa.RotaryEmbedding(64, scale_base=512.0, device=device)
+    cast = fa.RotaryEmbedding(64, scale_base=512.0, device=device).to(torch.bfloat16)
+    for module in (full, cast):
+        module._update_cos_sin_cache(1000, torch.device(device), torch.bfloat16)
+    assert cast.scale.dtype == torch.bfloat16
+    assert torch.equal(cast._cos_k_cached, full._cos_k_cached) and torch.equal(cast._cos_cached, full._cos_cached)

@@ -126,8 +126,8 @@ def _rotary_kernel(
         first = half
         second = half + half_rotary_dim
 
-    x_row = x_seq + tok[:, None] * stride_xs + head[:, None] * stride_xh
-    o_row = o_seq + tok[:, None] * stride_os + head[:, None] * stride_oh
+    x_row = x_seq + tok[:, None].to(tl.int64) * stride_xs + head[:, None] * stride_xh
+    o_row = o_seq + tok[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
 
     x1 = tl.load(x_row + first[None, :], mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + second[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -530,6 +530,32 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seqlen_o
                    **_geometry(*geometry))
 
 
+def autograd_refuses_inplace(x: torch.Tensor) -> bool:
+    """x is a leaf that requires grad, or a view of one: autograd refuses in-place writes to it."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return False
+    return x.is_leaf or (x._base is not None and x._base.is_leaf)
+
+
+class InPlaceRotaryOfLeaf(torch.autograd.Function):
+    """flash-attn's in-place rotary of a tensor autograd will not let anything write in place (a leaf that
+    requires grad, or a view of one; flash-attn's own tests rotate such leaves): ``rotate(t, conjugate)``
+    rotates t's part(s) in place by a kernel inside forward, where autograd does not watch, and the output is
+    the input, whose gradient is the same rotation conjugated (the rotation is orthogonal)."""
+
+    @staticmethod
+    def forward(ctx, x, rotate):
+        rotate(x, False)
+        ctx.rotate = rotate
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        ctx.rotate(grad, True)
+        return grad, None
+
+
 def flash_apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
                            inplace: bool = False, seqlen_offsets=0, cu_seqlens: Optional[torch.Tensor] = None,
                            max_seqlen: Optional[int] = None) -> torch.Tensor:
@@ -540,6 +566,9 @@ def flash_apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     returned), also when x needs a gradient.
     """
     geometry = _flash_geometry(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
+    if inplace and not torch.compiler.is_compiling() and autograd_refuses_inplace(x) and x.stride(-1) == 1:
+        return InPlaceRotaryOfLeaf.apply(x, lambda t, conjugate: apply_rotary(
+            t, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace=True, conjugate=conjugate))
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
         if x.stride(-1) != 1:
             x_in = x.contiguous()
