@@ -38,6 +38,7 @@ def memo_per_tensor(tensor: torch.Tensor, tag: Hashable, compute: Callable[[torc
         _entries.clear()
     # the entry (and the tensors it may hold, e.g. cu_seqlens) goes when the key tensor does
     snapshot = tensor.detach().clone() if tensor.device.type == "cpu" else None  # see the module docstring
-    _entries[key] = (weakref.ref(tensor, lambda _ref, key=key: _entries.pop(key, None)), tensor._version, value,
-                     snapshot)
+    # (the callback holds the dict itself: at interpreter exit the module's globals may be gone already)
+    _entries[key] = (weakref.ref(tensor, lambda _ref, key=key, entries=_entries: entries.pop(key, None)),
+                     tensor._version, value, snapshot)
     return value

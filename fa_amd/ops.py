@@ -208,14 +208,16 @@ class EagerAttention(torch.autograd.Function):
 
 def packed_bounds_from_positions(position_ids: Tensor):
     """(cu_seqlens int32, max_seqlen Python int) of packed sequences from position ids that restart at their
-    minimum: DataCollatorWithFlattening writes 0..n0-1, 0..n1-1, ... into one row, and every occurrence of the
-    row's minimum starts a sequence (a row that opens mid-sequence, 3, 4, 0, 1, ..., still starts one at its
-    first token).  A device->host sync: the Transformers glue memoizes it per forward, these ops run it inside."""
-    flat = position_ids.reshape(-1)
-    is_start = flat == flat.min()
-    is_start[0] = True
-    starts = is_start.nonzero().view(-1).to(torch.int32)
-    cu = torch.cat([starts, torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)])
+    row's minimum, over the rows' tokens one after another: DataCollatorWithFlattening writes 0..n0-1, 0..n1-1,
+    ... into a row, and every occurrence of the row's minimum starts a sequence, as does each row's first token
+    (a row that opens mid-sequence, 3, 4, 0, 1, ..., still starts one there).  position_ids: (rows, length), or
+    1-D for one row.  A device->host sync: the Transformers glue memoizes it per forward, these ops run it
+    inside."""
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    is_start = rows == rows.amin(-1, keepdim=True)
+    is_start[:, 0] = True
+    starts = is_start.reshape(-1).nonzero().view(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([rows.numel()], dtype=torch.int32, device=rows.device)])
     return cu, int(cu.diff().max().item())
 
 
@@ -225,7 +227,8 @@ def attention_fwd_by_positions(
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
     rng_state: Optional[Tensor], deterministic: bool, sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of varlen q, k, v (total, heads, d) packed as position_ids say (one row)."""
+    """(out, lse) of varlen q, k, v (total, heads, d): the rows' tokens one after another, packed as
+    position_ids (rows, length) say (packed_bounds_from_positions)."""
     cu, longest = packed_bounds_from_positions(position_ids)
     out, lse, _ = attention_forward(q, k, v, cu, cu, longest, longest, dropout_p, softmax_scale, window_left,
                                     window_right, softcap, None, rng_state, False, sinks)

@@ -275,17 +275,21 @@ cu_seqlens_from_position_ids = packed_bounds_from_positions
 
 
 def _is_packed(position_ids: Optional[torch.Tensor], batch_size: int) -> bool:
-    """True when a batch-1 row holds several sequences (positions are not one arange)."""
-    if position_ids is None or batch_size != 1 or position_ids.shape[-1] == 1:
+    """True when a row holds several sequences (its positions are not one arange), with one position per token
+    of every row (Transformers' own (1, length) positions of an unpacked batch say nothing of the rows).
+    Eager and sdpa split packed rows at any batch size (audit 2026-11-28: fa_amd only at batch 1, so rows of a
+    larger batch attended across their sequences)."""
+    if position_ids is None or position_ids.shape[-1] == 1 or position_ids.dim() != 2 \
+            or position_ids.shape[0] != batch_size:
         return False
     # every layer asks about the same position_ids: one device->host sync per forward
     return memo_per_tensor(position_ids, "is_packed", _positions_restart)
 
 
 def _positions_restart(position_ids: torch.Tensor) -> bool:
-    row = position_ids.reshape(-1)
-    expected = torch.arange(row.numel(), device=row.device) + row.min()
-    return bool((expected != row).any())
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    expected = torch.arange(rows.shape[-1], device=rows.device) + rows.amin(-1, keepdim=True)
+    return bool((expected != rows).any())
 
 
 def fa_amd_attention_forward(
@@ -407,13 +411,13 @@ def fa_amd_attention_forward(
             **common,
         )
         out = out.view(batch_size, -1, *out.shape[-2:])
-    elif (torch.compiler.is_compiling() and position_ids is not None and batch_size == 1
-          and position_ids.shape[-1] > 1 and key.shape[1] == query_length):
+    elif (torch.compiler.is_compiling() and position_ids is not None and position_ids.dim() == 2
+          and position_ids.shape[0] == batch_size and position_ids.shape[-1] > 1 and key.shape[1] == query_length):
         # traced: whether the positions restart is data (a graph break); the op reads it inside
-        _check_packed_positions(position_ids, query_length)
+        _check_packed_positions(position_ids, batch_size, query_length)
         out = _attention_by_positions(query, key, value, position_ids, common)
     elif _is_packed(position_ids, batch_size):
-        _check_packed_positions(position_ids, query_length)
+        _check_packed_positions(position_ids, batch_size, query_length)
         # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
         cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
         out = flash_attn_varlen_func(
@@ -437,20 +441,20 @@ def fa_amd_attention_forward(
     return out, None
 
 
-def _check_packed_positions(position_ids: torch.Tensor, query_length: int) -> None:
-    if position_ids.numel() != query_length:
+def _check_packed_positions(position_ids: torch.Tensor, batch_size: int, query_length: int) -> None:
+    if tuple(position_ids.shape) != (batch_size, query_length):
         raise ValueError(
-            f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens; "
-            "packed sequences need one position per token (batch 1, positions restarting at each sequence)")
+            f"position_ids has shape {tuple(position_ids.shape)} but the input is {batch_size} rows of {query_length} "
+            "tokens; packed sequences need one position per token (positions restarting at each sequence)")
 
 
 def _attention_by_positions(query, key, value, position_ids, common):
-    """One (1, L, h, d) row that may pack several sequences (positions restarting), under torch.compile:
+    """(b, L, h, d) rows that may pack several sequences each (positions restarting), under torch.compile:
     fa_amd::attention_fwd_by_positions finds the sequences inside the op (eagerly, _is_packed reads them
     once per forward instead)."""
     from fa_amd import interface
 
-    _, length, hq, d = query.shape
+    batch, length, hq, d = query.shape
     dropout_p, scale, left, right, softcap = interface._normalize_scalars(
         d, common["dropout_p"], common["softmax_scale"], common["causal"], common["window_size"], common["softcap"],
         common["deterministic"], False)
@@ -458,9 +462,9 @@ def _attention_by_positions(query, key, value, position_ids, common):
     interface._check_qkv(q, k, v, varlen=True)
     sinks = interface._check_sinks(common.get("sinks"), common.get("s_aux"), q, hq)
     out, _ = torch.ops.fa_amd.attention_fwd_by_positions(
-        q, k, v, position_ids.reshape(-1), dropout_p, scale, left, right, softcap,
+        q, k, v, position_ids, dropout_p, scale, left, right, softcap,
         interface._rng_state(dropout_p, q.device), common["deterministic"], *((sinks,) if sinks is not None else ()))
-    return out.view(1, length, hq, d)
+    return out.view(batch, length, hq, d)
 
 
 def _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k, any_length=False) -> bool:

@@ -182,6 +182,10 @@ def test_fused_rotary_keeps_the_stock_contract(device):
             stock(q.transpose(1, 2), k.transpose(1, 2), cos[..., :8], sin[..., :8])
         with pytest.raises(RuntimeError):
             fused(q.transpose(1, 2), k.transpose(1, 2), cos[..., :8], sin[..., :8])
+        # float64 (a reference model of the family, patched with it): the stock function (audit 2026-11-28:
+        # the fused kernel's TypeError)
+        q64, k64, cos64, sin64 = (t.double() for t in (q, k, cos, sin))
+        assert all(torch.equal(a, b) for a, b in zip(fused(q64, k64, cos64, sin64, 2), stock(q64, k64, cos64, sin64, 2)))
         mp.apply_fa_amd_to_llama(attention=False)  # twice: the stock function stays the one wrapped
         assert llama.apply_rotary_pos_emb.fa_amd_stock is stock
     finally:

@@ -407,3 +407,37 @@ def test_mask_function_never_builds_4d_masks():
     assert torch.equal(padded[:, :10], (mask * (11 - torch.arange(10))).int())
     # cross-attention (bidirectional, more keys than queries): no mask
     assert fa_amd_attention_mask(2, 3, 10, allow_is_bidirectional_skip=True) is None
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rows_packed_by_position_ids_at_batch_2_match_eager(device, compiled):
+    """Two rows, each packing two sequences marked by restarting position_ids and no mask (a training forward:
+    use_cache=False): fa_amd splits every row's sequences as eager does -- loss and gradients (audit
+    2026-11-28: only batch-1 rows were split, so these attended across their sequences, gradients off by up to
+    160 %); under torch.compile the by-positions op reads the rows' boundaries inside."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    models = {impl: LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
+              for impl in ("eager", "fa_amd")}
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    ids = torch.randint(0, 128, (2, 12), device=device)
+    positions = torch.tensor([list(range(5)) + list(range(7)), list(range(8)) + list(range(4))], device=device)
+    labels = ids.clone()
+    labels[0, 5] = labels[1, 8] = -100  # (no label across a boundary)
+    losses, grads = {}, {}
+    for impl, model in models.items():
+        forward = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled and impl == "fa_amd" \
+            else model
+        loss = forward(input_ids=ids, position_ids=positions, labels=labels, use_cache=False).loss
+        loss.backward()
+        losses[impl] = loss.item()
+        grads[impl] = {name: p.grad for name, p in model.named_parameters()}
+    torch._dynamo.reset()
+    assert losses["fa_amd"] == pytest.approx(losses["eager"], rel=1e-5)
+    for name, grad in grads["eager"].items():
+        torch.testing.assert_close(grads["fa_amd"][name], grad, atol=1e-5, rtol=1e-4)
