@@ -10,7 +10,7 @@ backend:
 * no mask, equal lengths           -> ``flash_attn_func``
 * 2D padding mask (left or right)  -> unpad, ``flash_attn_varlen_func``, pad back
 * ``cu_seq_lens_q/k`` kwargs       -> packed (padding-free) varlen
-* batch-1 ``position_ids`` resets  -> packed varlen, boundaries from the resets
+* ``position_ids`` resets in a row  -> packed varlen, boundaries from the resets (any batch size)
 * KV-cache decode (a cache holds earlier tokens, at most DECODE_MAX_QUERY_LEN new ones, no grad)
                                    -> the split-KV decode kernel over the cache (fa_amd.kvcache), with
                                       the padding mask's bounds (and holes) computed on the device
