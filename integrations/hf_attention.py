@@ -444,8 +444,9 @@ def fa_amd_attention_forward(
 def _check_packed_positions(position_ids: torch.Tensor, batch_size: int, query_length: int) -> None:
     if tuple(position_ids.shape) != (batch_size, query_length):
         raise ValueError(
-            f"position_ids has shape {tuple(position_ids.shape)} but the input is {batch_size} rows of {query_length} "
-            "tokens; packed sequences need one position per token (positions restarting at each sequence)")
+            f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens per row "
+            f"({batch_size} rows); packed sequences need one position per token (positions restarting at each "
+            "sequence)")
 
 
 def _attention_by_positions(query, key, value, position_ids, common):
