@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training-step benchmark of the attention implementations, in one process.
+r"""Training-step benchmark of the attention implementations, in one process.
 
 Throughput (default): tokens/s and peak memory of a full training step
 (forward, backward, fused AdamW) of a random-init Llama for every
@@ -20,7 +20,7 @@ SDPA runs twice over: ``sdpa`` with torch's own backend pick, and ``sdpa-flash``
 (torch.nn.attention.sdpa_kernel around every step).  Every sdpa cell names the
 backend that actually ran, read from the profiler's op names in one untimed step
 (the cuDNN one is what torch picks on Hopper), and each row shows its tokens/s
-relative to ``sdpa``.  The anchor step of issue 17 (8 layers, hidden 2048,
+relative to ``sdpa``.  The end-to-end anchor step (8 layers, hidden 2048,
 16/4 heads, (2, 4096), bf16, fused AdamW):
 
     python recipes/bench_train.py --data fixed --seq-lens 4096 --batch-tokens 8192 --modes padded \

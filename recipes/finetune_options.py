@@ -198,7 +198,7 @@ def build_parser(model_type: str) -> argparse.ArgumentParser:
                      help="save a resumable checkpoint every N steps and at the last step (0: never)")
     out.add_argument("--keep-checkpoints", type=count, default=2,
                      help="how many recent checkpoints of this run to keep (0: all)")
-    out.add_argument("--resume", nargs="?", const="latest", default=None,
+    out.add_argument("--resume", nargs="?", const="latest", default=None, type=_non_empty("--resume"),
                      help="resume from the newest complete checkpoint in --output-dir, or from the given checkpoint "
                           "folder; restores model, optimizer, scheduler, RNG and data-loader position")
     out.add_argument("--allow-resume-mismatch", action="store_true",
@@ -249,6 +249,16 @@ def check_options_early(model_type: str, argv=None) -> None:
     """Parse the command line (argparse's range checks, --help) and check --model's path, importing nothing heavy."""
     args = build_parser(model_type).parse_args(argv)
     check_model_path(args.model, f"finetune_{model_type}.py")
+
+
+def _non_empty(option: str):
+    """An argparse type: the string as given, refusing an empty one (a quoted variable that was empty)."""
+    def parse(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"{option} needs a checkpoint folder (or no value: the newest one)")
+        return value
+
+    return parse
 
 
 def fail(parser_prog: str, message: str):

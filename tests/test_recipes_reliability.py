@@ -47,7 +47,7 @@ BAD_OPTIONS = [
     ("--intermediate-size", "-5"), ("--seq-len", "1"), ("--batch-tokens", "0"), ("--max-steps", "0"),
     ("--grad-accum", "0"), ("--dropout", "1"), ("--dropout", "-0.1"), ("--lora-r", "0"), ("--lora-alpha", "0"),
     ("--lora-dropout", "1.5"), ("--seed", "-1"), ("--seed", str(2**40)), ("--sliding-window", "0"),
-    ("--dataset", ""), ("--text-column", " "), ("--output-dir", ""),
+    ("--dataset", ""), ("--text-column", " "), ("--output-dir", ""), ("--resume", ""),
 ]
 
 
