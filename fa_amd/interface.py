@@ -426,12 +426,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FP8 q, k, v as in flash_attn_func (descales (batch, nheads_k), batch = len(cu_seqlens_q) - 1).
     """
     max_seqlen_q, max_seqlen_k = integer_arg(max_seqlen_q), integer_arg(max_seqlen_k)
-    # (first, on every route: the FP8 and paged ones size their other checks by them)
-    check_cu_seqlens_form("cu_seqlens_q", cu_seqlens_q)
-    check_cu_seqlens_form("cu_seqlens_k", cu_seqlens_k)
-    check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
+    fp8 = _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype))
+    if fp8 or block_table is not None or seqused_k is not None:
+        # first there: those routes size other checks by them (the dense route's _check_varlen_args checks them)
+        check_cu_seqlens_form("cu_seqlens_q", cu_seqlens_q)
+        check_cu_seqlens_form("cu_seqlens_k", cu_seqlens_k)
+        check_max_seqlen("max_seqlen_q", max_seqlen_q)
+        check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if fp8:
         from . import fp8  # fp8 sits above this module (it reuses the checks here)
         return fp8.descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

@@ -60,10 +60,6 @@ def revert_fa_amd_patches() -> None:
     _originals.clear()
 
 
-# the dtypes the fused rotary kernel takes (other calls go to the stock function)
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 def _fused_rotary_for(stock, half_tables: bool = False, partial: bool = False):
     """The fused stand-in for a modeling module's ``apply_rotary_pos_emb`` (`stock`), with its contract: the
     arguments after (q, k, cos, sin) bound by `stock`'s own signature (``unsqueeze_dim`` is the fifth in
@@ -73,6 +69,7 @@ def _fused_rotary_for(stock, half_tables: bool = False, partial: bool = False):
     as it always has."""
     import inspect
 
+    from fa_amd.interface import SUPPORTED_DTYPES  # (the kernels' dtypes: the fused rotary's too)
     from fa_amd.kernels.rotary import hf_apply_rotary_pos_emb  # once, at patch time: this runs per layer call
 
     signature = inspect.signature(stock)
@@ -82,8 +79,8 @@ def _fused_rotary_for(stock, half_tables: bool = False, partial: bool = False):
         if args or kwargs:
             bound = signature.bind(q, k, cos, sin, *args, **kwargs)
             unsqueeze_dim = bound.arguments.get("unsqueeze_dim", 1)
-        if (not half_tables and not partial and cos.shape[-1] != q.shape[-1]) or q.dtype not in _FUSED_DTYPES \
-                or k.dtype not in _FUSED_DTYPES:
+        if (not half_tables and not partial and cos.shape[-1] != q.shape[-1]) or q.dtype not in SUPPORTED_DTYPES \
+                or k.dtype not in SUPPORTED_DTYPES:
             # (the patch is per modeling module: a float64 reference model of the family takes it too)
             return stock(q, k, cos, sin, *args, **kwargs)
         return hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, half_tables=half_tables)

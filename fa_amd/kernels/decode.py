@@ -874,8 +874,9 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
 
 
 def _dtype_of(t):
-    """An index tensor's dtype for a plan key, None for an absent one: the compiled kernel reads int32 and
-    int64 index tensors differently, so a plan made for one must not launch with the other."""
+    """A tensor argument's dtype for a plan key, None for an absent one: the compiled kernel reads int32 and
+    int64 index tensors (and uint8 / bool masks) differently, so a plan made for one must not launch with
+    another."""
     return None if t is None else t.dtype
 
 
@@ -935,9 +936,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                              and cu_seqlens_k is None and seqused_k is None):
         structure = (q.shape, q.stride(), q.dtype, q.device, arch_for(q), k_cache.shape[0], k_cache.shape[2:],
                      k_cache.dtype, None if block_table is None else (block_table.shape, block_table.stride()),
-                     None if key_mask is None else key_mask.dtype, _dtype_of(cache_seqlens), cache_seqlens_int,
+                     _dtype_of(key_mask), _dtype_of(cache_seqlens), cache_seqlens_int,
                      seqlen_new, _dtype_of(cache_leftpad), _dtype_of(cache_batch_idx),
-                     None if block_table is None else block_table.dtype, sinks is None, descale is None,
+                     _dtype_of(block_table), sinks is None, descale is None,
                      out_dtype, softmax_scale, window_left, window_right, softcap, num_splits,
                      tables.DECODE_FUSED_MERGE_FAMILIES)
         plan_key = (structure, k_cache.shape[1], k_cache.stride(), v_cache.stride(),
