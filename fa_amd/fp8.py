@@ -66,6 +66,20 @@ from .kvcache import _check_values_now
 from .tuning import fp8_dtype_names, fp8_min_triton, fp8_v_token_major
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ONES = {}  # device -> a one-element fp32 ones tensor, expanded for absent descales
+
+
+def _ones(device: torch.device) -> Tensor:
+    """A one-element fp32 1.0 on `device`, made once per device (traced calls make their own)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(1, dtype=torch.float32, device=device)
+    one = _ONES.get(device)
+    if one is None:
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        # (one made inside a CUDA graph capture holds its value only once the graph replays: not kept)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _ONES[device] = one
+    return one
 
 
 # --------------------------------------------------------------------------- arch and dtypes
@@ -124,9 +138,9 @@ def _check_fp8_inputs(q, k, v):
 
 
 def _check_descale(name: str, x, batch: int, nheads_k: int, q: Tensor) -> Tensor:
-    """A (batch, nheads_k) fp32 descale on q's device; ones when None."""
+    """A (batch, nheads_k) fp32 descale on q's device; ones when None (an expanded view: no launch)."""
     if x is None:
-        return torch.ones(batch, nheads_k, dtype=torch.float32, device=q.device)
+        return _ones(q.device).expand(batch, nheads_k)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
     if x.dtype != torch.float32:
@@ -156,29 +170,34 @@ def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
     unmasked tiles take the row max of the raw scores (tables.FWD_RAW_MAX_FAMILIES), right for a positive
     scale only, and a branch on the sign in the kernel cost the FP8 forward 4-10 % (H200, 2026-11-28).
     A ValueError where the values cost no sync (kvcache._check_values_now: CPU tensors, or
-    FA_AMD_CHECK_KVCACHE=1); otherwise q_descale becomes NaN there, so those (sequence, head)s' rows come
-    out NaN instead of a wrong softmax."""
-    product = q_descale * k_descale
-    if _check_values_now(product):
+    FA_AMD_CHECK_KVCACHE=1); otherwise the forward kernel takes a negative product as NaN, so those
+    (sequence, head)s' rows come out NaN instead of a wrong softmax."""
+    if _check_values_now(q_descale):
+        product = q_descale * k_descale
         if bool((product < 0).any()):
             raise ValueError("q_descale * k_descale must be >= 0 (descales are reciprocal scales: the real values "
                              "are x_fp8 * descale), got a negative product for (batch, head_k) "
                              f"{tuple((product < 0).nonzero()[0].tolist())}")
-        return q_descale
-    return torch.where(product < 0, float("nan"), q_descale)
+    # else the forward kernel itself turns a negative product into NaN (attn_fwd_kernel): no launch per call here
+    return q_descale
 
 
 def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nheads_q: int) -> Tensor:
     """The kernels' descale operand: fp32 (batch, nheads_q, 3), contiguous, holding each query head's
     q descale and its KV head's k and v descales (score_mods.load_descales).  q_descale is
     (batch, nheads_q) or (batch, nheads_k); k_descale and v_descale are (batch, nheads_k)."""
-    group = nheads_q // max(k_descale.shape[1], 1)
-    if q_descale.shape[1] != nheads_q:
-        q_descale = q_descale.repeat_interleave(group, dim=1)
-    if group != 1:
-        k_descale = k_descale.repeat_interleave(group, dim=1)
-        v_descale = v_descale.repeat_interleave(group, dim=1)
-    return torch.stack((q_descale, k_descale, v_descale), dim=-1).to(torch.float32).contiguous()
+    # One launch (the stack of expanded views; the ones of absent descales are expanded views too): each
+    # small launch sat inside a timed FP8 call, 2-3 us of GPU time apiece, and a GQA call made seven
+    batch, nheads_k = k_descale.shape
+    group = nheads_q // max(nheads_k, 1)
+    shape = (batch, nheads_k, group)
+    if q_descale.shape[1] == nheads_q:
+        q_descale = q_descale.reshape(shape)
+    else:
+        q_descale = q_descale.unsqueeze(-1).expand(shape)
+    parts = [x.float() for x in (q_descale, k_descale.unsqueeze(-1).expand(shape),
+                                 v_descale.unsqueeze(-1).expand(shape))]
+    return torch.stack(parts, dim=-1).view(batch, nheads_q, 3)
 
 
 # --------------------------------------------------------------------------- FP8 KV cache (fa_amd.kvcache)

@@ -182,9 +182,14 @@ def attn_fwd_kernel(
     offs_d = tl.arange(0, D_PAD)
     q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)
     v_len = k_len  # the keys' V rows the masked loads read
-    if FP8:  # S = (q8 . k8) * q_descale * k_descale: folded into the scalar score scales
-        qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
-        softcap_div = softcap_div * (q_descale * k_descale)
+    if FP8:
+        # S = (q8 . k8) * q_descale * k_descale, folded into the scalar score scales.  A negative product
+        # (nonsense for descales; a ValueError where fa_amd.fp8 reads the values without a sync) is NaN: its
+        # rows come out NaN, never a softmax taken off the raw scores' max under a negative scale
+        score_descale = q_descale * k_descale
+        score_descale = tl.where(score_descale < 0, float("nan"), score_descale)
+        qk_scale_log2 = qk_scale_log2 * score_descale
+        softcap_div = softcap_div * score_descale
         if not IS_VARLEN:
             # token-major V (stride_vn == 1; fa_amd.fp8 pads its rows to a multiple of 16 tokens with
             # zeros): masked tiles read whole rows up to the row stride, so their loads stay 16-byte
