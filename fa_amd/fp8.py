@@ -3,7 +3,10 @@
 Both run the same FP8 forward: FP8 is a dtype path of the prefill kernel
 (fa_amd/kernels/forward.py, score_mods.load_descales), taken when q, k, v are fp8,
 with the descale multipliers applied to the scores (q_descale * k_descale) and the
-output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does.
+output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does; as in FA3 the
+output is divided by the row sum of the unrounded P (which keeps the lse exact), so it is within
+P's rounding (2**-4 relative for e4m3) of a weighted mean of V.  Summing the rounded P as well
+costs the FP8 forward 11 % (docs/TUNING_NOTES.md v25).
 
 * `flash_attn_func` / `flash_attn_varlen_func` with FP8 q, k, v (one FP8 type the
   arch has: tables.FP8_DTYPES) and keyword-only `q_descale`, `k_descale`, `v_descale`

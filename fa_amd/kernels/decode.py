@@ -47,7 +47,8 @@ from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, launch, new_output, \
     score_args
 from .rotary import rotary_forward
-from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, score_log2, sink_init
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, saturate, score_log2, \
+    sink_init
 
 
 # --------------------------------------------------------------------------- rotary (shared by q and new k)
@@ -144,9 +145,9 @@ def kv_append_kernel(
         if not NEW_FP8:  # quantise: x / descale of (sequence, KV head), saturated
             _, k_descale, v_descale = load_descales(Descale, b, hk, tl.num_programs(1), CACHE_FP8)
             k = k.to(tl.float32) / k_descale
-            v = tl.minimum(tl.maximum(v.to(tl.float32) / v_descale, -FP8_MAX), FP8_MAX)
+            v = saturate(v.to(tl.float32) / v_descale, FP8_MAX)
         if ROTARY or not NEW_FP8:  # (a rotated FP8 key may leave the type's range too)
-            k = tl.minimum(tl.maximum(k, -FP8_MAX), FP8_MAX)
+            k = saturate(k, FP8_MAX)
     k_dst = KCache + row64[:, None] * stride_kb + slot[:, None] * stride_kn + hk * stride_kh + offs_d[None, :]
     v_dst = VCache + row64[:, None] * stride_vb + slot[:, None] * stride_vn + hk * stride_vh + offs_d[None, :]
     tl.store(k_dst, k.to(KCache.dtype.element_ty), mask=ok2)
@@ -366,7 +367,7 @@ def decode_kernel(
         q = _rotate_rows(q, q_rows[:, None], row_ok[:, None], offs_d, pos, Cos, Sin, stride_cos, rot_half,
                          seqlen_ro, ROTARY_INTERLEAVED)
         if Q_FP8:  # a rotated FP8 query may leave the type's range
-            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            q = saturate(q, FP8_MAX)
         q = q.to(Q.dtype.element_ty)
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h[:, None], HAS_ALIBI)

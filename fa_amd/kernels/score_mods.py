@@ -190,6 +190,14 @@ def load_descales(Descale, b, h, nheads, FP8: tl.constexpr):
 
 
 @triton.jit
+def saturate(x, limit):
+    """x clamped to [-limit, limit], NaN kept NaN (a plain min / max returns the other operand for a NaN: a NaN
+    appended to an FP8 cache was stored as -limit)."""
+    return tl.minimum(tl.maximum(x, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                      propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def p_shift(m_shift, FP8: tl.constexpr):
     """The row offset P = exp2(s - offset) is taken from: the row max, less FP8_P_LOG2 with FP8."""
     offset = m_shift

@@ -326,3 +326,25 @@ def test_fp8_kvcache_gpu(device, q_kind, page):
                                          _deq(fp8_scale_ref(k_new, kd, fp8), kd), _deq(fp8_scale_ref(v_new, vd, fp8),
                                                                                       vd), **kw)
     assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- NaN in an appended k / v
+
+def test_fp8_kvcache_append_keeps_nan(device):
+    """A NaN in high-precision new k / v appended to an FP8 cache is the FP8 type's NaN in the cache, and
+    the rows that attend to it come out NaN, as with an fp16 cache (not a silently saturated -max)."""
+    fp8 = _fp8(device)
+    gen = torch.Generator().manual_seed(21)
+    b, h, d, cap, new = 2, 2, 32, 24, 3
+    q = _rnd(gen, b, 1, h, d, device=device).half()
+    lens = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    for which in ("k", "v"):
+        kn, vn = (_rnd(gen, b, new, h, d, device=device).half() for _ in range(2))
+        (kn if which == "k" else vn)[0, 1, 0, 3] = float("nan")
+        kc, vc = (torch.zeros(b, cap, h, d, device=device).to(fp8) for _ in range(2))
+        out = fa_amd.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens)
+        cache = kc if which == "k" else vc
+        assert torch.isnan(cache[0, 1, 0, 3].float()), f"appended {which}: NaN stored as {cache[0, 1, 0, 3].float()}"
+        hp_k, hp_v = (torch.zeros(b, cap, h, d, device=device).half() for _ in range(2))
+        hp_out = fa_amd.flash_attn_with_kvcache(q, hp_k, hp_v, kn, vn, cache_seqlens=lens)
+        assert torch.equal(torch.isnan(out), torch.isnan(hp_out)), f"appended {which}: NaN rows differ from fp16"
