@@ -261,6 +261,37 @@ def test_sliding_window_over_a_left_padded_chunk_matches_eager(device):
     assert _real_token_logit_error(out, new_mask) < 1e-4
 
 
+@pytest.mark.parametrize("mode", ["beam", "prompt_lookup"])
+def test_beam_search_and_prompt_lookup_match_eager_per_step(device, decode_calls, mode):
+    """Beam search (the cache's rows reordered every step) on a left-padded batch, and prompt-lookup decoding
+    (several draft tokens verified at once against the cache, which is then cropped), on a sliding-window model
+    whose prompt outruns the window: tokens and every step's logits equal eager's (audit 2026-11-29)."""
+    from transformers import MistralConfig
+
+    models = _sharp_twins(MistralConfig, device, sliding_window=5)
+    gen = torch.Generator().manual_seed(1)
+    if mode == "beam":
+        ids = torch.randint(3, VOCAB, (2, 9), generator=gen).to(device)
+        mask = torch.ones_like(ids)
+        mask[1, :4] = 0
+        kwargs = dict(num_beams=2, max_new_tokens=3)
+    else:  # a repetitive prompt, so the lookup finds drafts
+        base = torch.randint(3, VOCAB, (1, 6), generator=gen)
+        ids = torch.cat([base, base, base[:, :3]], 1).to(device)
+        mask = torch.ones_like(ids)
+        kwargs = dict(prompt_lookup_num_tokens=3, max_new_tokens=6)
+    ids = ids.masked_fill(mask == 0, 0)
+    out = {}
+    for impl, model in models.items():
+        out[impl] = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                                   return_dict_in_generate=True, output_logits=True, **kwargs)
+    assert torch.equal(out["fa_amd"].sequences, out["eager"].sequences)
+    assert len(out["fa_amd"].logits) == len(out["eager"].logits)
+    for got, ref in zip(out["fa_amd"].logits, out["eager"].logits):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+    assert decode_calls and (mode == "beam" or any(shape[1] > 1 for shape in decode_calls))
+
+
 def test_mask_patterns_fa_amd_does_not_compute_raise():
     """Chunked attention (Llama 4), bidirectional blocks or a model's own or/and overlay (Gemma 3's image
     tokens) would be silently dropped: the mask builder raises; the patterns it computes pass."""
