@@ -19,6 +19,10 @@ from typing import Callable, Dict, List, Sequence
 _lock = threading.RLock()
 # module name -> callbacks waiting for it (a callback may wait on several names; it runs once)
 _pending: Dict[str, List["_Hook"]] = {}
+# hooks that came due while a watched module was still half-imported by an import whose loader the finder
+# never wrapped (when_imported called from inside that import, e.g. a module it imports imports fa_amd):
+# nothing fires at that import's end, so they fire at the next import the finder sees once it has ended
+_deferred: List["_Hook"] = []
 
 
 class _Hook:
@@ -34,6 +38,8 @@ class _Hook:
             # another watched module still half-imported (it imports the one just loaded): its own
             # completion fires the hook, once the callback can see both
             if any(_initializing(name) for name in self.names if name != just_loaded):
+                if self not in _deferred:
+                    _deferred.append(self)
                 return
             self.fired = True
             for name in self.names:
@@ -43,6 +49,18 @@ class _Hook:
                     if not hooks:
                         del _pending[name]
         self.callback()
+
+
+def _fire_deferred() -> None:
+    """Fire the deferred hooks whose half-imported modules have finished importing (a hook whose import failed
+    instead, leaving none of its modules loaded, just goes back to waiting in _pending)."""
+    with _lock:
+        done = [hook for hook in _deferred if hook.fired or not any(_initializing(name) for name in hook.names)]
+        for hook in done:
+            _deferred.remove(hook)
+    for hook in done:
+        if not hook.fired and any(sys.modules.get(name) is not None for name in hook.names):
+            hook.fire()
 
 
 def _initializing(name: str) -> bool:
@@ -57,6 +75,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         self._busy = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
+        if _deferred:
+            _fire_deferred()
         if fullname not in _pending or getattr(self._busy, "name", None) == fullname:
             return None
         self._busy.name = fullname
@@ -101,5 +121,9 @@ def when_imported(names: Sequence[str], callback: Callable[[], None]) -> None:
     with _lock:
         for name in names:
             _pending.setdefault(name, []).append(hook)
+        # one of them is being imported right now (this call comes from inside that import): its loader ran
+        # before the finder could wrap it, so only a later import notices that it has finished
+        if any(_initializing(name) for name in names) and hook not in _deferred:
+            _deferred.append(hook)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)

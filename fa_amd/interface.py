@@ -7,6 +7,7 @@ kernels below trust what they are given.
 """
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 from typing import Optional, Sequence
@@ -130,8 +131,21 @@ def _type_name(x) -> str:
     return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _py_number(x):
+    """A numpy (or other non-Python) real scalar as the Python int / float it holds, as flash-attn's C++ binding
+    takes it (np.float32(0.125) as softmax_scale); anything else, bools included, unchanged."""
+    if type(x) in (int, float) or x is None or isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return x
+    if type(x).__module__ == "numpy" and type(x).__name__ == "bool":  # (not an Integral; kept for the TypeError)
+        return x
+    return int(x) if isinstance(x, numbers.Integral) else float(x)
+
+
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                        return_attn_probs):
+    dropout_p, softmax_scale, softcap = _py_number(dropout_p), _py_number(softmax_scale), _py_number(softcap)
+    if isinstance(window_size, Sequence) and len(window_size) == 2:
+        window_size = tuple(_py_number(w) for w in window_size)
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     dropout_p = _float_arg("dropout_p", dropout_p)

@@ -38,6 +38,23 @@ from .kernels.forward import attention_forward
 from .kernels.launch import with_int32_row_offsets
 
 
+def last_dim_contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
+    """x, copied where its last dim is not unit-stride (q/k/v/out/dout: the kernels take any other strides;
+    cu_seqlens: 1-D, so then contiguous); None stays None."""
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
+def check_cu_seqlens_pair(cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor]) -> None:
+    """The kernels index both cu_seqlens by the same sequence number: a shorter one would be read past its end
+    (fa_amd.interface checks this; the public ops are also called directly, e.g. by flash_attn_interface's
+    stand-ins).  Shapes only: no device sync."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both be None (dense)")
+    if cu_seqlens_q is not None and (cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D with the same length (batch+1), got shapes "
+                         f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
+
+
 @torch.library.custom_op("fa_amd::attention_fwd", mutates_args=())
 def attention_fwd(
     q: Tensor, k: Tensor, v: Tensor,
@@ -47,6 +64,9 @@ def attention_fwd(
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], return_probs: bool, deterministic: bool,
     sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
+    # (the op is public: torch.ops.fa_amd.attention_fwd, flash_attn_interface._flash_attn_forward's stand-in)
+    check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+    q, k, v, cu_seqlens_q, cu_seqlens_k = (last_dim_contiguous(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k))
     return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
                              return_probs, sinks)
@@ -85,8 +105,11 @@ def _gradients(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_
                dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
                deterministic, sinks=None):
     """(dq, dk, dv), and dsinks when there are sinks."""
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
+    # the kernels read every row with unit stride on the head dim; q/k/v/out may arrive strided there through
+    # the public op (torch.ops.fa_amd.attention_bwd, flash_attn_interface._flash_attn_backward's stand-in)
+    check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k)
+    dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k = (
+        last_dim_contiguous(x) for x in (dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k))
     dout = with_int32_row_offsets("dout", dout, max_seqlen_q, cu_seqlens_q is not None)
     return attention_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,

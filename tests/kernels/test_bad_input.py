@@ -105,6 +105,19 @@ def test_max_seqlen_too_small(device):
         assert torch.equal(fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, cu.diff().max(), max_k), want)
 
 
+def test_numpy_scalars_as_flash_attn_takes_them(device):
+    """softmax_scale / softcap / dropout_p / window_size entries given as numpy scalars (e.g. np.float32 from a
+    config computation) are their Python values, as flash-attn's C++ binding takes them; numpy bools stay refused."""
+    q, k, v = _qkv(device)
+    want = fa_amd.flash_attn_func(q, k, v, softmax_scale=0.25, window_size=(2, 0), softcap=3.0)
+    got = fa_amd.flash_attn_func(q, k, v, dropout_p=np.float32(0.0), softmax_scale=np.float32(0.25),
+                                 window_size=[np.int64(2), np.int32(0)], softcap=np.float64(3.0))
+    assert torch.equal(got, want)
+    _raises(TypeError, "causal must be a bool, got numpy.bool", fa_amd.flash_attn_func, q, k, v, causal=np.bool_(True))
+    _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v,
+            window_size=(np.float32(2.0), 0))
+
+
 def test_cu_seqlens_length_mismatch(device):
     q, k, v = (x[0] for x in _qkv(device))
     _raises(ValueError, "same length", fa_amd.flash_attn_varlen_func, q, k, v, cu_seqlens([3, 5], device),
