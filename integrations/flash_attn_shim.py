@@ -364,7 +364,28 @@ def _patch_transformers_fa2() -> None:
     mfu.is_flash_attn_2_available = _fa_amd_usable_check
     if getattr(mfu, "_loaded_implementation", None) == "flash_attention_2":
         mfu._loaded_implementation = None  # reload FA2 functions from the shim
+    from fa_amd.import_hooks import when_imported
+
+    for module_name, class_name in _SINK_MODEL_CLASSES:
+        when_imported((module_name,), functools.partial(_list_fa2_as_compatible, module_name, class_name))
     _patched_transformers = True
+
+
+# Model families whose `_compatible_flash_implementations` leaves "flash_attention_2" out because flash-attn 2
+# has no learnable attention sinks (`s_aux`); Transformers then auto-corrects a "flash_attention_2" request to
+# the list's first entry (a Hub kernel).  fa_amd's kernels take the sinks, and every path from the routed name
+# hands them over (fa_amd's attention function; Transformers <= 5.19's paged function calls the stand-in's
+# flash_attn_varlen_func / flash_attn_with_kvcache with `s_aux`), so the route lists "flash_attention_2" for
+# them too (last: a request for another flash name still resolves as before).  Only families checked against
+# eager (tests/test_gpt_oss.py) are here.
+_SINK_MODEL_CLASSES = (("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssPreTrainedModel"),)
+
+
+def _list_fa2_as_compatible(module_name: str, class_name: str) -> None:
+    cls = getattr(sys.modules.get(module_name), class_name, None)
+    listed = getattr(cls, "_compatible_flash_implementations", None)
+    if cls is not None and listed is not None and "flash_attention_2" not in listed:
+        cls._compatible_flash_implementations = [*listed, "flash_attention_2"]
 
 
 def route_flash_attention_2(shim_flash_attn: bool = True) -> None:
