@@ -130,8 +130,15 @@ def _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, 
 def _attention_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
                         deterministic, sinks=None):
-    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,), dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks_fake(q, sinks)
+
+
+def _dsinks_fake(q, sinks):
+    """The backward ops' dsinks: fp32 whatever the sinks' dtype (the kernels accumulate and write it in fp32;
+    a fake in the sinks' dtype let inductor read the fp32 buffer as fp16 / bf16 in the ops that follow),
+    empty without sinks."""
+    shape = sinks.shape if sinks is not None else (0,)
+    return q.new_empty(shape, dtype=torch.float32)
 
 
 DOUBLE_BACKWARD_ERROR = (
@@ -216,8 +223,15 @@ class EagerAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse, _dprobs):
         if dout is None:  # only lse / probs were used: no gradient flows to q, k, v (or sinks)
             return None, None, None, None, None
+        if torch.compiler.is_compiling():
+            # compiled autograd traces this backward of an eager forward: the op (whose fake the tracer runs;
+            # the launchers cannot take fake tensors), as fa_amd.fp8's backward does
+            bwd = torch.ops.fa_amd.attention_bwd
         # create_graph=True: the gradients must not pass for constants (their backward raises)
-        bwd = _OnceDifferentiableGrads.apply if torch.is_grad_enabled() else _gradients
+        elif torch.is_grad_enabled():
+            bwd = _OnceDifferentiableGrads.apply
+        else:
+            bwd = _gradients
         grads = _backward_with(bwd, ctx, dout)
         return grads[0], grads[1], grads[2], (grads[16] if ctx.num_inputs > 16 else None), None
 
@@ -278,7 +292,7 @@ def attention_bwd_by_positions(
 @attention_bwd_by_positions.register_fake
 def _attention_bwd_by_positions_fake(dout, q, k, v, out, softmax_lse, position_ids, dropout_p, softmax_scale,
                                      window_left, window_right, softcap, rng_state, deterministic, sinks=None):
-    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,), dtype=torch.float32)
+    dsinks = _dsinks_fake(q, sinks)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 

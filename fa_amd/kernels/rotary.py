@@ -393,6 +393,10 @@ class _EagerRotary(torch.autograd.Function):
     def backward(ctx, grad):
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
+        if torch.compiler.is_compiling():
+            # compiled autograd traces this backward of an eager forward: the custom op, not the launcher
+            op = _rotary_fwd_op if ctx.inverse else _rotary_bwd_op
+            return (op(grad, *_saved(ctx)),) + (None,) * _N_OP_INPUTS
         dx = _EagerRotary.apply(grad, not ctx.inverse, *_saved(ctx))
         return (dx,) + (None,) * (1 + _N_OP_INPUTS - 1)
 
