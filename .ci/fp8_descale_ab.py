@@ -76,17 +76,7 @@ def fp8_inputs(shape):
 
 
 def graphed(fn):
-    if SMOKE:
-        return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return fn if SMOKE else bench.cuda_graph(fn).replay
 
 
 def main():

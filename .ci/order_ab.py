@@ -127,14 +127,8 @@ def captured(fn):
     """fn's launches replayed from a CUDA graph (its launch plan, so its program order, fixed at capture)."""
     if SMOKE:
         return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.set_grad_enabled(MODE == "bwd"):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.set_grad_enabled(MODE == "bwd"):
-        fn()
+    with torch.set_grad_enabled(MODE == "bwd"):
+        graph = bench.cuda_graph(fn)
     _KEEP.append(fn)  # (its closure holds the graph's input tensors)
     return graph.replay
 

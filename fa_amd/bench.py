@@ -503,6 +503,20 @@ def best_host_us(fn, calls: int, runs: int = 5, warmup: int = 50) -> float:
     return best
 
 
+def cuda_graph(fn, warmup: int = 1) -> "torch.cuda.CUDAGraph":
+    """fn's launches captured in a CUDA graph, after `warmup` calls on a side stream (as capture requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def graph_replay_ms(fn, grad_to_none) -> Optional[float]:
     """GPU milliseconds of one call captured in a CUDA graph and replayed (None where it cannot be captured)."""
     if not torch.cuda.is_available():
