@@ -64,15 +64,7 @@ def use(old: bool):
 def fp8_inputs(shape):
     q, k, v, _ = bench.make_inputs(shape, "bshd", torch.bfloat16, DEVICE)
     q, k, v = (x.detach() for x in (q, k, v))
-    dtype = fp8.fp8_dtypes(q)[0]
-    b, s, hq, d = q.shape
-    hk = k.shape[2]
-    q8, qd = fp8.quantize_fp8(q.reshape(b, s, hk, (hq // hk) * d), dtype)
-    k8, kd = fp8.quantize_fp8(k, dtype)
-    v8, vd = fp8.quantize_fp8(v, dtype)
-    if fp8.fp8_v_token_major(fp8.arch_for(v8)):
-        v8 = fp8.token_major_copy(v8)
-    return (q, k, v), (q8.reshape(q.shape), k8, v8, dict(q_descale=qd, k_descale=kd, v_descale=vd))
+    return (q, k, v), bench.fp8_inputs(q, k, v)
 
 
 def graphed(fn):

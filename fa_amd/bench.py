@@ -323,28 +323,32 @@ def _once_per_inputs(convert):
     return get
 
 
+def fp8_inputs(q, k, v, fp8_dtype=None):
+    """Dense bshd q, k, v as FA3-style FP8 inputs: (q8, k8, v8, {q_descale, k_descale, v_descale}), the
+    descales per (batch, KV head) and V in the layout the forward reads on this arch (no copy per call)."""
+    from .arch import arch_for
+    from .fp8 import quantize_fp8, token_major_copy
+    from .tuning import fp8_v_token_major
+
+    fp8_dtype = fp8_dtype or _fp8_type(q.device)
+    b, s, hq, d = q.shape
+    hk = k.shape[2]
+    # FA3's q_descale is per (batch, KV head): one scale for each query-head group
+    q8, q_descale = quantize_fp8(q.reshape(b, s, hk, (hq // hk) * d), fp8_dtype)
+    k8, k_descale = quantize_fp8(k, fp8_dtype)
+    v8, v_descale = quantize_fp8(v, fp8_dtype)
+    if fp8_v_token_major(arch_for(v8)):
+        v8 = token_major_copy(v8)
+    return q8.reshape(q.shape), k8, v8, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
 def make_fa_amd_fp8(shape: Shape, device):
     import fa_amd
-    from .arch import arch_for
-    from .fp8 import quantize_fp8
-    from .tuning import fp8_v_token_major
 
     if shape.doc_lens:
         raise Unavailable("FP8 rows are dense")
     fp8_dtype = _fp8_type(device)
-
-    def convert(q, k, v):
-        b, s, hq, d = q.shape
-        hk = k.shape[2]
-        # FA3's q_descale is per (batch, KV head): one scale for each query-head group
-        q8, q_descale = quantize_fp8(q.reshape(b, s, hk, (hq // hk) * d), fp8_dtype)
-        k8, k_descale = quantize_fp8(k, fp8_dtype)
-        v8, v_descale = quantize_fp8(v, fp8_dtype)
-        if fp8_v_token_major(arch_for(v8)):  # the layout the kernel reads: no copy per call
-            v8 = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        return q8.reshape(q.shape), k8, v8, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-
-    inputs = _once_per_inputs(convert)
+    inputs = _once_per_inputs(lambda q, k, v: fp8_inputs(q, k, v, fp8_dtype))
 
     def fn(q, k, v):
         if torch.is_grad_enabled():
