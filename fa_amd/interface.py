@@ -132,8 +132,12 @@ def _type_name(x) -> str:
 
 
 def _py_number(x):
-    """A numpy (or other non-Python) real scalar as the Python int / float it holds, as flash-attn's C++ binding
-    takes it (np.float32(0.125) as softmax_scale); anything else, bools included, unchanged."""
+    """A numpy (or other non-Python) real scalar, or a one-element real tensor, as the Python int / float it
+    holds, as flash-attn's C++ binding takes them (np.float32(0.125) as softmax_scale; flash-attn's own tests
+    pass window_size as torch.randint(0, seqlen_k, (2,))); anything else, bools included, unchanged."""
+    if isinstance(x, torch.Tensor):
+        real = x.dtype != torch.bool and not x.is_complex()
+        return x.item() if x.numel() == 1 and real else x
     if type(x) in (int, float) or x is None or isinstance(x, bool) or not isinstance(x, numbers.Real):
         return x
     if type(x).__module__ == "numpy" and type(x).__name__ == "bool":  # (not an Integral; kept for the TypeError)
@@ -144,6 +148,8 @@ def _py_number(x):
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                        return_attn_probs):
     dropout_p, softmax_scale, softcap = _py_number(dropout_p), _py_number(softmax_scale), _py_number(softcap)
+    if isinstance(window_size, torch.Tensor) and window_size.shape == (2,):
+        window_size = tuple(window_size.unbind())
     if isinstance(window_size, Sequence) and len(window_size) == 2:
         window_size = tuple(_py_number(w) for w in window_size)
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):

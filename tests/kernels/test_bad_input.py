@@ -118,6 +118,27 @@ def test_numpy_scalars_as_flash_attn_takes_them(device):
             window_size=(np.float32(2.0), 0))
 
 
+def test_tensor_scalars_as_flash_attn_takes_them(device):
+    """One-element integer / float tensors as window_size entries, a (2,) tensor as window_size (flash-attn's own
+    tests pass torch.randint(0, seqlen_k, (2,))) and a 0-dim softmax_scale are their Python values, as flash-attn's
+    C++ binding reads them, on every entry point; float or bool tensors as window entries stay refused."""
+    q, k, v = _qkv(device)
+    want = fa_amd.flash_attn_func(q, k, v, softmax_scale=0.25, window_size=(2, 0))
+    for window in (torch.tensor([2, 0]), (torch.tensor(2), torch.tensor([0], dtype=torch.int32))):
+        got = fa_amd.flash_attn_func(q, k, v, softmax_scale=torch.tensor(0.25), window_size=window)
+        assert torch.equal(got, want)
+    k_cache, v_cache = k.detach().clone(), v.detach().clone()
+    seqlens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=device)
+    want = fa_amd.flash_attn_with_kvcache(q.detach(), k_cache, v_cache, cache_seqlens=seqlens, window_size=(2, 0))
+    got = fa_amd.flash_attn_with_kvcache(q.detach(), k_cache, v_cache, cache_seqlens=seqlens,
+                                         window_size=torch.tensor([2, 0]))
+    assert torch.equal(got, want)
+    _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v,
+            window_size=torch.tensor([2.0, 0.0]))
+    _raises(TypeError, "window_size must be a pair of ints", fa_amd.flash_attn_func, q, k, v,
+            window_size=(torch.tensor(True), 0))
+
+
 def test_cu_seqlens_length_mismatch(device):
     q, k, v = (x[0] for x in _qkv(device))
     _raises(ValueError, "same length", fa_amd.flash_attn_varlen_func, q, k, v, cu_seqlens([3, 5], device),
