@@ -534,6 +534,22 @@ def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
 
 # --------------------------------------------------------------------------- varlen with block_table / seqused_k
 
+class _NoBackward(torch.autograd.Function):
+    """A forward-only result tied to the inputs that require grad: the forward runs (as flash-attn's does under
+    autograd) and a backward through it raises, naming the call, instead of leaving those inputs without a
+    gradient."""
+
+    @staticmethod
+    def forward(ctx, what, out, *needing_grad):
+        ctx.what = what
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        raise RuntimeError(f"{ctx.what} is forward-only (flash-attn has no backward for it either): its output "
+                           f"has no gradient. Train with flash_attn_varlen_func on packed, contiguous k/v.")
+
+
 def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                             block_table, seqused_k, sinks=None, s_aux=None, q_descale=None, k_descale=None,
@@ -586,8 +602,13 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     # no segment is longer than q: a larger max_seqlen_q would only size the grid (2**31 of them hung the
     # interpreter and would pass the GPU's grid limit)
     max_seqlen_q = min(max_seqlen_q, q.shape[0])
-    _check_grad("flash_attn_varlen_func with block_table/seqused_k", q=q, k=k, v=v, alibi_slopes=alibi_slopes,
-                sinks=sinks, s_aux=s_aux, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    what = "flash_attn_varlen_func with block_table/seqused_k"
+    _check_grad(what, alibi_slopes=alibi_slopes, sinks=sinks, s_aux=s_aux, q_descale=q_descale, k_descale=k_descale,
+                v_descale=v_descale)
+    # q / k / v that require grad (a model's activations under grad mode): flash-attn runs this forward under
+    # autograd (its own paged tests call it on such a q); a backward through it raises (_NoBackward)
+    refuse_forward_tangents(what, q=q, k=k, v=v)
+    needing_grad = [t for t in (q, k, v) if t.requires_grad] if torch.is_grad_enabled() else []
     # (read only here: a head dim with a stride is copied, as flash-attn's wrapper and the dense varlen path do)
     k, v = _contiguous_last(k), _contiguous_last(v)
     if not isinstance(cu_seqlens_q, torch.Tensor):
@@ -634,6 +655,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                                 seqused_k=seqused_k, block_table=block_table, sinks=sinks, descale=descale,
                                 out_dtype=out_dtype, need_lse=bool(return_attn_probs))
+    if needing_grad:
+        out = _NoBackward.apply(what, out, *needing_grad)
     if return_attn_probs:
         # (out, softmax_lse (nheads, total_q), S_dmask) as flash-attn >= 2.6 returns with dropout_p == 0: its
         # S_dmask is then empty (the probabilities are not materialised on this inference path)

@@ -534,6 +534,27 @@ def test_gradients_are_refused(device):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
 
 
+def test_paged_varlen_runs_under_autograd_and_refuses_backward(device):
+    """flash_attn_varlen_func with block_table on a q (or k / v pages) that requires grad, in grad mode: the forward
+    runs as flash-attn's does (flash-attn's own paged tests call it so), and a backward through it raises, naming
+    the call, instead of leaving q without a gradient."""
+    q, k_cache, v_cache, _, _, _, _ = make_case(device, new=0, cache=32)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 20, 40], dtype=torch.int32, device=device)
+    table = torch.arange(4, dtype=torch.int32, device=device).view(2, 2)
+    pages_k, pages_v = k_cache[:2].reshape(4, 16, *k_cache.shape[2:]), v_cache[:2].reshape(4, 16, *v_cache.shape[2:])
+    with torch.no_grad():
+        want = fa_amd.flash_attn_varlen_func(q[:, 0], pages_k, pages_v, cu, cu_k, 1, 20, causal=True, block_table=table)
+    for leaf in ("q", "k"):
+        q_in = q[:, 0].clone().requires_grad_(leaf == "q")
+        k_in = pages_k.clone().requires_grad_(leaf == "k")
+        out, lse, _ = fa_amd.flash_attn_varlen_func(q_in, k_in, pages_v, cu, cu_k, 1, 20, causal=True,
+                                                    block_table=table, return_attn_probs=True)
+        assert torch.equal(out.detach(), want) and out.requires_grad and not lse.requires_grad
+        with pytest.raises(RuntimeError, match="block_table/seqused_k is forward-only"):
+            out.sum().backward()
+
+
 def test_gradients_of_the_other_tensor_arguments_are_refused(device):
     """rotary tables, ALiBi slopes and sinks that require grad would be silently detached (the decode
     kernels are forward-only): an error names them, on flash_attn_with_kvcache and the paged varlen route."""
