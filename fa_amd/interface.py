@@ -39,7 +39,12 @@ def _check_tensor(name: str, x, rank: int, layout: str, dtypes=SUPPORTED_DTYPES)
     if x.dim() != rank:
         raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(x.shape)}")
     if x.dtype not in dtypes:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+        hint = ""
+        if x.dtype.is_floating_point and x.dtype.itemsize == 1:  # an FP8 tensor where this entry takes none
+            hint = ("; FP8 tensors go to flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache with "
+                    "q_descale / k_descale / v_descale (the *_fp8_func functions quantise high-precision inputs "
+                    "themselves)")
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}{hint}")
 
 
 def _check_device(name: str, x: torch.Tensor, ref: torch.Tensor):

@@ -376,10 +376,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if batch > MAX_GRID_YZ:
         raise ValueError(f"batch size must be at most {MAX_GRID_YZ}, got {batch}")
     if paged:
-        block_table = _check_block_table(block_table, batch, k_cache, q)
+        # (before the block table's shape: FA3 takes a row per cache entry picked by cache_batch_idx, and its
+        # users should read why the pair is refused, not a shape mismatch)
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx cannot be combined with block_table (paged KV): the block table "
-                             "already says which pages each sequence uses")
+                             "already says which pages each sequence uses (index its rows instead: "
+                             "block_table[cache_batch_idx])")
+        block_table = _check_block_table(block_table, batch, k_cache, q)
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         capacity = k_cache.shape[1]

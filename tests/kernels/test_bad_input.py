@@ -139,6 +139,13 @@ def test_tensor_scalars_as_flash_attn_takes_them(device):
             window_size=(torch.tensor(True), 0))
 
 
+def test_fp8_tensors_to_a_quantising_function_name_the_descaled_entry(device):
+    """FP8 tensors given to flash_attn_fp8_func (which quantises high-precision inputs itself) get a TypeError that
+    says where FP8 tensors go."""
+    q = torch.randn(1, 8, 2, 16, device=device).to(torch.float8_e4m3fn)
+    _raises(TypeError, "FP8 tensors go to flash_attn_func", fa_amd.flash_attn_fp8_func, q, q, q)
+
+
 def test_cu_seqlens_length_mismatch(device):
     q, k, v = (x[0] for x in _qkv(device))
     _raises(ValueError, "same length", fa_amd.flash_attn_varlen_func, q, k, v, cu_seqlens([3, 5], device),
