@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from . import interface as _api  # argument checks (this module sits above the interface)
+from .interface import is_fp8_dtype
 from . import ops
 from .arch import TRITON_VERSION, arch_for
 from .kernels.forward import attention_forward
@@ -86,10 +87,6 @@ def _ones(device: torch.device) -> Tensor:
 
 
 # --------------------------------------------------------------------------- arch and dtypes
-
-def is_fp8_dtype(dtype) -> bool:
-    """One-byte floating types (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, ...)."""
-    return isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize == 1
 
 
 def fp8_dtypes(device) -> Tuple[torch.dtype, ...]:

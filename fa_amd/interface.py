@@ -33,6 +33,11 @@ _CHECK_VARLEN = os.environ.get("FA_AMD_CHECK_VARLEN", "1") != "0"
 
 # --------------------------------------------------------------------------- checks
 
+def is_fp8_dtype(dtype) -> bool:
+    """One-byte floating types (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, ...)."""
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize == 1
+
+
 def _check_tensor(name: str, x, rank: int, layout: str, dtypes=SUPPORTED_DTYPES):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -40,7 +45,7 @@ def _check_tensor(name: str, x, rank: int, layout: str, dtypes=SUPPORTED_DTYPES)
         raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(x.shape)}")
     if x.dtype not in dtypes:
         hint = ""
-        if x.dtype.is_floating_point and x.dtype.itemsize == 1:  # an FP8 tensor where this entry takes none
+        if is_fp8_dtype(x.dtype):  # an FP8 tensor where this entry takes none
             hint = ("; FP8 tensors go to flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache with "
                     "q_descale / k_descale / v_descale (the *_fp8_func functions quantise high-precision inputs "
                     "themselves)")
@@ -353,7 +358,7 @@ def _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 def _is_fp8_call(tensors, options) -> bool:
     """FP8 q/k/v (one-byte floats) or an FP8-only option given: the call belongs to fa_amd.fp8."""
     return any(o is not None for o in options) or any(
-        isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1 for x in tensors)
+        isinstance(x, torch.Tensor) and is_fp8_dtype(x.dtype) for x in tensors)
 
 
 def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:

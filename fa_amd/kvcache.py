@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
-                        _check_tensor, _normalize_scalars)
+                        _check_tensor, _is_fp8_call, _normalize_scalars)
 from .kernels.decode import decode_forward, kv_append
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
@@ -363,9 +363,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     descale = out_dtype_fp8 = None
     # q's rank first: the FP8 checks below size the descales by its batch
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)", (q.dtype,) if isinstance(q, torch.Tensor) else ())
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
-            isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1
-            for x in (q, k_cache, v_cache, k, v)):
+    if _is_fp8_call((q, k_cache, v_cache, k, v), (q_descale, k_descale, v_descale, out_dtype)):
         from .fp8 import kvcache_fp8_args  # fp8 sits above this module
 
         descale, out_dtype_fp8 = kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
@@ -431,7 +429,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if plain_key is not None and not fp8:
         if len(_CHECKED_PLAIN_CALLS) >= _MAX_CHECKED:
             _CHECKED_PLAIN_CALLS.clear()
-        _CHECKED_PLAIN_CALLS[plain_key] = (capacity, scale, left, right, softcap, window_size)
+        _CHECKED_PLAIN_CALLS[plain_key] = (capacity, scale, left, right, softcap)
     q = _contiguous_last(q)
     k, v = _contiguous_last(k), _contiguous_last(v)
     if seqlen_new:
@@ -443,7 +441,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_per_token=_rotary_per_token(causal, window_size, capacity), num_splits=num_splits, sinks=sinks,
+        rotary_per_token=_rotary_per_token(causal, left, right, capacity), num_splits=num_splits, sinks=sinks,
         descale=descale,
         out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None,
         need_lse=return_softmax_lse)
@@ -477,15 +475,15 @@ def _decode_plan_key(plain_key):
     return plain_key, tables.DECODE_FUSED_MERGE_FAMILIES
 
 
-def _rotary_per_token(causal, window_size, capacity):
+def _rotary_per_token(causal, left, right, capacity):
     """Whether q token i is rotated at cache_seqlens + i (else every q token at cache_seqlens): causal or
-    local calls, where, as flash-attn decides it, a window entry >= the cache's capacity bounds nothing."""
-    left, right = window_size
+    local calls, where, as flash-attn decides it, a window entry >= the cache's capacity bounds nothing
+    (left / right: the checked window, _normalize_scalars')."""
     return bool(causal or 0 <= left < capacity or 0 <= right < capacity)
 
 
 def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, causal, num_splits, return_softmax_lse,
-                capacity, scale, left, right, softcap, window_size):
+                capacity, scale, left, right, softcap):
     """flash_attn_with_kvcache's plain call whose structure was checked before (see _CHECKED_PLAIN_CALLS):
     only the device values are checked (where that costs no sync), then the kernels run -- from the
     launch plan stored under the call's checked key once there is one."""
@@ -500,7 +498,7 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
     out, lse = decode_attention(
         _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
         cache_seqlens_int=cache_seqlens_int, block_table=block_table,
-        rotary_per_token=_rotary_per_token(causal, window_size, capacity), num_splits=num_splits,
+        rotary_per_token=_rotary_per_token(causal, left, right, capacity), num_splits=num_splits,
         plan_key=_decode_plan_key(plain_key), need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
@@ -567,8 +565,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     (batch, nheads_k): as flash_attn_with_kvcache's FP8 cache (fa_amd.fp8.kvcache_fp8_args)."""
     paged = block_table is not None
     descale = None
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None or any(
-            isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize == 1 for x in (q, k, v)):
+    if _is_fp8_call((q, k, v), (q_descale, k_descale, v_descale, out_dtype)):
         from .fp8 import kvcache_fp8_args  # fp8 sits above this module
 
         batch_q = cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else 0
