@@ -554,13 +554,14 @@ class _NoBackward(torch.autograd.Function):
 def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                             block_table, seqused_k, sinks=None, s_aux=None, q_descale=None, k_descale=None,
-                            v_descale=None, out_dtype=None, deterministic=False):
+                            v_descale=None, out_dtype=None, deterministic=False, num_splits=0):
     """flash_attn_varlen_func with block_table (paged k/v: (num_blocks, page_block_size, nheads_k,
     headdim); sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] slots of its pages)
     and/or seqused_k (int32 (batch,): only the first seqused_k[b] keys of sequence b are used).
     Forward only (flash-attn has no backward for these either); runs the split-KV decode kernel.
     return_attn_probs: (out, softmax_lse (nheads, total_q), an empty S_dmask), as flash-attn returns
-    without dropout.
+    without dropout.  num_splits: key splits of the decode kernel, as flash_attn_with_kvcache's (the flash_attn
+    stand-in's private _flash_attn_varlen_forward passes its own; the public function has none).
     FP8 k/v pages (fa_amd.fp8.descaled_attention routes FP8 calls here) with their descales
     (batch, nheads_k): as flash_attn_with_kvcache's FP8 cache (fa_amd.fp8.kvcache_fp8_args)."""
     paged = block_table is not None
@@ -653,8 +654,8 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
-                                seqused_k=seqused_k, block_table=block_table, sinks=sinks, descale=descale,
-                                out_dtype=out_dtype, need_lse=bool(return_attn_probs))
+                                seqused_k=seqused_k, block_table=block_table, num_splits=num_splits, sinks=sinks,
+                                descale=descale, out_dtype=out_dtype, need_lse=bool(return_attn_probs))
     if needing_grad:
         out = _NoBackward.apply(what, out, *needing_grad)
     if return_attn_probs:

@@ -73,10 +73,25 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
                                alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
                                seqused_k=None, zero_tensors=False, num_splits=0):
-    """flash-attn 2.7+ private varlen forward: (out, softmax_lse (h, total_q) fp32, S_dmask, rng_state)."""
-    for name, value in (("block_table", block_table), ("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
-        if value is not None:
-            raise NotImplementedError(f"fa_amd's _flash_attn_varlen_forward does not support {name}")
+    """flash-attn 2.7+ private varlen forward: (out, softmax_lse (h, total_q) fp32, S_dmask, rng_state).
+
+    block_table (paged k / v) and seqused_k run fa_amd's paged varlen path (forward-only, dropout 0, as
+    ``flash_attn_varlen_func(block_table=...)``); num_splits then picks its key splits (0: heuristic, 1: none,
+    n: n), and is unused otherwise (the dense kernels do not split keys)."""
+    if leftpad_k is not None:
+        raise NotImplementedError("fa_amd's _flash_attn_varlen_forward does not support leftpad_k "
+                                  "(flash_attn_with_kvcache takes cache_leftpad)")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
+    if block_table is not None or seqused_k is not None:
+        from fa_amd.kvcache import flash_attn_varlen_paged
+
+        out, lse, s_dmask = flash_attn_varlen_paged(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+            (window_size_left, window_size_right), softcap, alibi_slopes, True, block_table, seqused_k,
+            num_splits=num_splits)
+        # (no dropout on this path: flash-attn's rng_state is then an unused (seed, offset) pair)
+        return out, lse, s_dmask, torch.zeros(2, dtype=torch.int64, device=q.device)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                     causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax, varlen=True)
 

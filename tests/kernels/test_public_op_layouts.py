@@ -107,3 +107,46 @@ def test_flash_attn_private_varlen_refuses_cu_seqlens_of_different_lengths(devic
     with pytest.raises(ValueError, match="cu_seqlens_q and cu_seqlens_k"):
         _flash_attn_varlen_backward(torch.randn_like(out), q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, 5, 9, 0.0,
                                     0.25, False)
+
+
+def test_flash_attn_private_varlen_forward_takes_paged_kv(device):
+    """flash-attn's private `_flash_attn_varlen_forward(..., block_table=, seqused_k=, num_splits=)` (upstream's
+    test_flash_attn_varlen_paged_kv_num_splits calls it so) runs fa_amd's paged varlen path: the public
+    function's output and lse, flash-attn's 4-tuple, num_splits=0 the default, explicit splits close to it."""
+    import fa_amd
+    from fa_amd.integrations.flash_attn_compat import _flash_attn_varlen_forward
+
+    torch.manual_seed(5)
+    dtype, page, hq, hk, d = torch.float16, 16, 4, 2, 32
+    kv_lens = [19, 40]
+    pages_per_seq = 3
+    k_cache, v_cache = (torch.randn(2 * pages_per_seq, page, hk, d, dtype=dtype, device=device) for _ in range(2))
+    block_table = torch.randperm(2 * pages_per_seq, device=device).to(torch.int32).view(2, pages_per_seq)
+    q = torch.randn(2, hq, d, dtype=dtype, device=device)
+    cu_q = torch.arange(3, dtype=torch.int32, device=device)
+    seqused_k = torch.tensor(kv_lens, dtype=torch.int32, device=device)
+    cu_k = torch.nn.functional.pad(seqused_k.cumsum(0), (1, 0)).to(torch.int32)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=max(kv_lens), dropout_p=0.0,
+              softmax_scale=d ** -0.5, causal=False, window_size_left=-1, window_size_right=0,
+              block_table=block_table, seqused_k=seqused_k)
+    out, lse, s_dmask, rng_state = _flash_attn_varlen_forward(q, k_cache, v_cache, **kw)
+    assert lse.shape == (hq, 2) and lse.dtype == torch.float32 and s_dmask.numel() == 0
+    assert rng_state.shape == (2,) and rng_state.dtype == torch.int64
+    public, public_lse, _ = fa_amd.flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_q, cu_k, 1, max(kv_lens), softmax_scale=d ** -0.5, window_size=(-1, 0),
+        block_table=block_table, seqused_k=seqused_k, return_attn_probs=True)
+    assert torch.equal(out, public) and torch.equal(lse, public_lse)
+    assert torch.equal(_flash_attn_varlen_forward(q, k_cache, v_cache, **kw, num_splits=0)[0], out)
+    # float64 reference: each sequence's first kv_lens[b] keys, gathered from its pages
+    for b, n in enumerate(kv_lens):
+        keys = [k_cache[block_table[b, j // page], j % page] for j in range(n)]
+        vals = [v_cache[block_table[b, j // page], j % page] for j in range(n)]
+        ref, _ = attention_ref(q[b:b + 1, None].double(), torch.stack(keys)[None].double(),
+                               torch.stack(vals)[None].double(), softmax_scale=d ** -0.5)
+        _assert_close(f"out[{b}]", out[b:b + 1, None], ref, dtype)
+        split = _flash_attn_varlen_forward(q, k_cache, v_cache, **kw, num_splits=3)[0]
+        _assert_close(f"out[{b}], 3 splits", split[b:b + 1, None], ref, dtype)
+    with pytest.raises(ValueError, match="num_splits"):
+        _flash_attn_varlen_forward(q, k_cache, v_cache, **kw, num_splits=-1)
+    with pytest.raises(NotImplementedError, match="leftpad_k"):
+        _flash_attn_varlen_forward(q, k_cache, v_cache, **kw, leftpad_k=torch.zeros_like(seqused_k))
