@@ -429,8 +429,10 @@ def test_bad_fp8_input(device):
         fa_amd.flash_attn_func(q, k, k, q_descale=ones)
     with pytest.raises(ValueError, match="out_dtype applies to FP8"):
         fa_amd.flash_attn_func(q, k, k, out_dtype=torch.float32)
-    with pytest.raises(ValueError, match="no backward"):
+    with pytest.raises(ValueError, match="FP8 v requires grad.*no backward"):  # (names the input that does)
         fa_amd.flash_attn_func(q8, k8, k8.clone().requires_grad_())
+    with pytest.raises(ValueError, match="FP8 q and k require grad"):
+        fa_amd.flash_attn_func(q8.clone().requires_grad_(), k8.clone().requires_grad_(), k8)
     with pytest.raises(ValueError, match="nheads of q"):  # the usual checks still apply
         fa_amd.flash_attn_func(k8, q8, q8)
     cu = cu_seqlens([3, 5], device)
