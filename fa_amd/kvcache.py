@@ -218,7 +218,7 @@ def _check_runtime(q):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
 
 
-def _check_block_table(block_table, batch: int, k_cache, q):
+def _check_block_table(block_table, batch: int, k_cache, q, cache_name: str = "k_cache"):
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
@@ -229,21 +229,21 @@ def _check_block_table(block_table, batch: int, k_cache, q):
     _check_device("block_table", block_table, q)
     page_size = k_cache.shape[1]
     if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
-        raise ValueError(f"the page size (k_cache.shape[1] with a block_table) must be a positive multiple of "
+        raise ValueError(f"the page size ({cache_name}.shape[1] with a block_table) must be a positive multiple of "
                          f"{PAGE_MULTIPLE}, got {page_size}")
     if k_cache.shape[0] == 0:
-        raise ValueError("k_cache has no pages (num_blocks = 0) but a block_table was given")
+        raise ValueError(f"{cache_name} has no pages (num_blocks = 0) but a block_table was given")
     return block_table if block_table.stride(-1) == 1 else block_table.contiguous()
 
 
-def _check_block_entries(block_table, ends, num_pages: int, page_size: int):
+def _check_block_entries(block_table, ends, num_pages: int, page_size: int, cache_name: str = "k_cache"):
     """block_table entries a sequence reads or writes (its first ceil(end / page_size) pages) in range."""
     used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < (
         (ends.to(torch.int64)[:, None] + page_size - 1) // page_size)
     entries = block_table[used]
     lo, hi = _minmax(entries)
     if lo < 0 or hi >= num_pages:
-        raise ValueError(f"block_table entries must be in [0, {num_pages}) (the pages of k_cache), got values in "
+        raise ValueError(f"block_table entries must be in [0, {num_pages}) (the pages of {cache_name}), got values in "
                          f"[{lo}, {hi}]")
 
 
@@ -509,7 +509,8 @@ def _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, 
     if cache_seqlens is not None and _check_values_now(cache_seqlens):
         lo, hi = memo_per_tensor(cache_seqlens, "kvcache_minmax", _minmax)
         if lo < 0 or hi + seqlen_new > capacity:
-            what = "the KV cache is too small for the append: " if seqlen_new else ""
+            # (a negative length is its own mistake, not a cache too small)
+            what = "the KV cache is too small for the append: " if seqlen_new and lo >= 0 else ""
             raise ValueError(f"{what}cache_seqlens values must be in [0, {capacity - seqlen_new}] (the cache holds "
                              f"{capacity} slots per sequence, {seqlen_new} new tokens), got values in [{lo}, {hi}]")
     if cache_batch_idx is not None and _check_values_now(cache_batch_idx):
@@ -618,7 +619,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if batch > MAX_GRID_YZ:
         raise ValueError(f"at most {MAX_GRID_YZ} sequences per varlen call are supported, got {batch}")
     if paged:
-        block_table = _check_block_table(block_table, batch, k, q)
+        block_table = _check_block_table(block_table, batch, k, q, cache_name="k")
         capacity = block_table.shape[1] * k.shape[1]
         if max_seqlen_k > capacity:
             raise ValueError(f"max_seqlen_k = {max_seqlen_k} exceeds the {block_table.shape[1]} pages x {k.shape[1]} "
@@ -651,7 +652,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                                  f"(one is {over} keys longer)")
     if paged and _check_values_now(block_table):
         lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k
-        _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1])
+        _check_block_entries(block_table, lens.clamp(0, capacity), k.shape[0], k.shape[1], cache_name="k")
     out, lse = decode_attention(_contiguous_last(q), k, v, scale, left, right, softcap, alibi_slopes,
                                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, cu_seqlens_k=cu_seqlens_k,
                                 seqused_k=seqused_k, block_table=block_table, num_splits=num_splits, sinks=sinks,

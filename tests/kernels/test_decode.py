@@ -472,7 +472,8 @@ def _i32(device, *values):
     (lambda a, dev: a.update(cache_seqlens=32), "does not fit"),
     (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, 32)), "too small for the append"),
     (lambda a, dev: a.update(k=None, v=None, cache_seqlens=_i32(dev, 3, 33)), "cache_seqlens"),
-    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, -1)), "cache_seqlens"),
+    # (a negative length is named as such, not as a cache too small for the append)
+    (lambda a, dev: a.update(cache_seqlens=_i32(dev, 3, -1)), r"^cache_seqlens values must be in \[0, "),
     (lambda a, dev: a.update(cache_batch_idx=_i32(dev, 0, 2)), "cache_batch_idx"),
     (lambda a, dev: a.update(cache_batch_idx=torch.tensor([0, 1], dtype=torch.float32, device=dev)),
      "cache_batch_idx"),
@@ -520,8 +521,10 @@ def test_bad_paged_arguments_name_the_argument(device, monkeypatch):
         fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table.float(), **kw)
     # the varlen route checks the same things
     cu = _i32(device, 0, 1, 2)
-    with pytest.raises(ValueError, match="block_table entries"):
+    with pytest.raises(ValueError, match=r"block_table entries .* \(the pages of k\)"):  # (its argument's name)
         fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, _i32(device, 0, 20, 40), 1, 20, block_table=bad)
+    with pytest.raises(ValueError, match=r"page size \(k\.shape\[1\] with a block_table\) must be .* multiple of 16"):
+        fa_amd.flash_attn_varlen_func(q[:, 0], k_cache[:, :8], v_cache[:, :8], cu, cu, 1, 1, block_table=table)
     with pytest.raises(ValueError, match="dropout_p"):
         fa_amd.flash_attn_varlen_func(q[:, 0], k_cache, v_cache, cu, cu, 1, 1, dropout_p=0.1, block_table=table)
 
