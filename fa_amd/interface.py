@@ -104,10 +104,13 @@ def _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, varlen, return_attn_
     nheads_q, head_dim = q.shape[-2], q.shape[-1]
     # out, dQ and the dK/dV work buffers hold nheads_q * head_dim elements per token
     if not row_offsets_fit(max(max_seqlen_q, max_seqlen_k), nheads_q * head_dim, head_dim):
+        # (varlen: the lengths are the caller's max_seqlen_q / max_seqlen_k, which may overstate the segments)
+        what = (f"max(max_seqlen_q, max_seqlen_k) = {max(max_seqlen_q, max_seqlen_k)}" if varlen else
+                f"sequence length {max(max_seqlen_q, max_seqlen_k)}")
         raise ValueError(
-            f"sequence length {max(max_seqlen_q, max_seqlen_k)} x nheads {nheads_q} x head dim {head_dim} "
-            f"exceeds the 2**31 elements fa_amd's kernels address within one sequence; split the heads "
-            f"over several calls")
+            f"{what} x nheads {nheads_q} x head dim {head_dim} exceeds the 2**31 elements fa_amd's kernels address "
+            f"within one sequence; split the heads over several calls" + (
+                " (or pass the longest segment's length)" if varlen else ""))
     if return_attn_probs and not row_offsets_fit(max_seqlen_q, max_seqlen_k, max_seqlen_k):
         raise ValueError(f"return_attn_probs=True needs a {max_seqlen_q} x {max_seqlen_k} probability matrix per "
                          f"head, over the 2**31 elements fa_amd addresses; use it on shorter sequences")

@@ -335,6 +335,13 @@ def fa_amd_attention_forward(
             raise ValueError(f"{name} must be a 4D (batch, heads, seq, head_dim) tensor, got {getattr(t, 'shape', t)}")
         if 0 in t.shape:
             raise ValueError(f"{name} has a zero-sized dimension {tuple(t.shape)}; fa_amd needs non-empty inputs")
+    if not query.shape[0] == key.shape[0] == value.shape[0]:
+        # the model's rotary broadcasts q and k over the batch of position_ids; v keeps the input's
+        if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.shape[0] != value.shape[0]:
+            raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has batch size "
+                             f"{value.shape[0]}; position_ids must be (batch, sequence length) or (1, sequence length)")
+        raise ValueError(f"query, key and value must share the batch size, got {query.shape[0]}, {key.shape[0]} and "
+                         f"{value.shape[0]}")
     if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
         raise ValueError(
             "attention_mask must be a 2D (batch, key length) padding mask or None for fa_amd, got "
@@ -697,6 +704,14 @@ def fa_amd_attention_mask(
     # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
     check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
     filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
+    if (building_causal and isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2
+            and not isinstance(filled, torch.Tensor) and kv_offset + kv_length <= filled < attention_mask.shape[-1]):
+        # wider than every key there is (no cache, or a cache that holds exactly the past + new tokens): not
+        # (batch, key length), and which columns were meant is a guess (Transformers' own builders read the
+        # first ones).  A static cache's buffer (kv_length past the tokens) keeps taking wider masks: its own.
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[-1]} key positions for "
+            f"{filled} tokens (cached + input); a 2D attention_mask must be (batch, key length)")
     if attention_mask is None:
         if not building_causal:
             return None

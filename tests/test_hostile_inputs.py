@@ -592,6 +592,30 @@ def test_hf_masks_of_the_wrong_shape_raise(device):
                 attention_mask=torch.ones(5, 8, dtype=torch.long, device=device))
         _raises(ValueError, r"attention_mask has shape \(1, 8\) but the input has batch size 3", model, ids,
                 attention_mask=torch.ones(1, 8, dtype=torch.long, device=device))
+        # wider than the keys (no cache): Transformers' builders read its first columns; left padding was then
+        # silently misread (audit 2026-11-28), all-ones dropped
+        for wide in (torch.ones(3, 10, dtype=torch.long, device=device),
+                     torch.tensor([[1] * 10, [0, 0, 0] + [1] * 7, [1] * 10], device=device)):
+            _raises(ValueError, r"attention_mask has shape \(3, 10\): 10 key positions for 8 tokens", model, ids,
+                    attention_mask=wide)
+        # with a cache: the mask covers the cached tokens and the new ones, no more
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model(ids, attention_mask=torch.ones(3, 8, dtype=torch.long, device=device), past_key_values=cache)
+        _raises(ValueError, r"attention_mask has shape \(3, 12\): 12 key positions for 10 tokens", model, ids[:, :2],
+                attention_mask=torch.ones(3, 12, dtype=torch.long, device=device), past_key_values=cache)
+
+
+def test_hf_position_ids_of_another_batch_name_position_ids(device):
+    """position_ids of batch 2 for a batch-1 input: the rotary broadcast q and k to batch 2 while v kept 1, and the
+    error named the kernel's k and v (audit 2026-11-28); eager fails in a matmul."""
+    model = _tiny_llama(device)
+    ids = torch.randint(3, 64, (1, 10), device=device)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]] * 2, device=device)
+    with torch.no_grad():
+        _raises(ValueError, r"position_ids has shape \(2, 10\) but the input has batch size 1", model, ids,
+                position_ids=positions)
 
 
 def test_hf_attention_function_checks_masks_itself(device):

@@ -294,6 +294,11 @@ def test_sequence_past_int32_offsets(device):
     from fa_amd.kernels.launch import row_offsets_fit
 
     assert row_offsets_fit(131072, 128 * 128, 128) and not row_offsets_fit(131073, 128 * 128, 128)
+    # varlen: the lengths are the caller's max_seqlen_q / max_seqlen_k, named so
+    q = torch.randn(11, 2, 16, device=device, dtype=torch.float16)
+    cu = torch.tensor([0, 4, 11], dtype=torch.int32, device=device)
+    _raises(ValueError, r"max\(max_seqlen_q, max_seqlen_k\) = 1099511627776 x nheads 2 x head dim 16 exceeds",
+            fa_amd.flash_attn_varlen_func, q, q, q, cu, cu, 2 ** 40, 7)
     # the (seqlen_q x seqlen_k) probability matrix of return_attn_probs
     q = torch.randn(1, 46341, 1, 16, device=device, dtype=torch.float16)
     _raises(ValueError, r"return_attn_probs=True needs a 46341 x 46341 probability matrix",
