@@ -218,6 +218,12 @@ def _check_runtime(q):
         raise ValueError(f"q is on unsupported device type {q.device.type!r} (expected cuda/ROCm or cpu)")
 
 
+def check_num_splits(num_splits) -> None:
+    """The decode kernel's key splits, as flash-attn takes them: 0 = heuristic, 1 = no split, n = n."""
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
+
+
 def _check_block_table(block_table, batch: int, k_cache, q, cache_name: str = "k_cache"):
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
@@ -395,8 +401,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     for name, flag in (("rotary_interleaved", rotary_interleaved), ("return_softmax_lse", return_softmax_lse)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
+    check_num_splits(num_splits)
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, hq)
     sinks = _check_sinks(sinks, s_aux, q, hq)
 
@@ -595,6 +600,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         raise ValueError(f"nheads of q ({hq}) must be a multiple of nheads of k/v ({hk})")
     if hq > MAX_GRID_YZ:
         raise ValueError(f"at most {MAX_GRID_YZ} query heads are supported, got {hq}")
+    check_num_splits(num_splits)
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0 with block_table/seqused_k (that path is forward-only "
                          f"inference), got {dropout_p!r}")

@@ -81,10 +81,10 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if leftpad_k is not None:
         raise NotImplementedError("fa_amd's _flash_attn_varlen_forward does not support leftpad_k "
                                   "(flash_attn_with_kvcache takes cache_leftpad)")
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got {num_splits!r}")
+    from fa_amd.kvcache import check_num_splits, flash_attn_varlen_paged
+
+    check_num_splits(num_splits)  # (checked on the dense path too, where it is unused)
     if block_table is not None or seqused_k is not None:
-        from fa_amd.kvcache import flash_attn_varlen_paged
 
         out, lse, s_dmask = flash_attn_varlen_paged(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
