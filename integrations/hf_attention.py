@@ -191,11 +191,12 @@ def _packed_bounds(name: str, cu, max_name: str, max_length, tokens: int, query:
 
 
 def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
-                       query_length: Optional[int] = None) -> None:
+                       query_length: Optional[int] = None, key_length: Optional[int] = None) -> None:
     """A 2D padding mask must be (batch, key length); for causal self-attention (query_length
     given) the key length covers at least the query tokens (more with a cache: past + new
-    tokens).  Anything else raises, naming attention_mask: a wrong-batch or too-short mask must
-    never be cropped, broadcast or dropped silently."""
+    tokens), and at most key_length (when given: every key there is).  Anything else raises, naming
+    attention_mask: a wrong-batch, too-short or too-wide mask must never be cropped, broadcast or
+    dropped silently."""
     if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
         return
     if attention_mask.shape[0] != batch_size:
@@ -207,6 +208,10 @@ def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
             f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[1]} key positions for "
             f"{query_length} input tokens; a 2D attention_mask must be (batch, key length), the key length "
             f"covering every input token (plus the cached ones)")
+    if key_length is not None and attention_mask.shape[1] > key_length:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[1]} key positions for "
+            f"{key_length} tokens (cached + input); a 2D attention_mask must be (batch, key length)")
 
 
 def _segments(mask: torch.Tensor):
@@ -701,17 +706,14 @@ def fa_amd_attention_mask(
     # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
     # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
-    # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
-    check_padding_mask(attention_mask, batch_size, q_length if building_causal else None)
     filled = q_offset + q_length  # a tensor with a static cache (Transformers avoids a sync there)
-    if (building_causal and isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2
-            and not isinstance(filled, torch.Tensor) and kv_offset + kv_length <= filled < attention_mask.shape[-1]):
-        # wider than every key there is (no cache, or a cache that holds exactly the past + new tokens): not
-        # (batch, key length), and which columns were meant is a guess (Transformers' own builders read the
-        # first ones).  A static cache's buffer (kv_length past the tokens) keeps taking wider masks: its own.
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[-1]} key positions for "
-            f"{filled} tokens (cached + input); a 2D attention_mask must be (batch, key length)")
+    # every key there is, where that is known: no cache, or one holding exactly the past + new tokens (wider masks
+    # were read by their first columns, as Transformers' own builders do).  A static cache's buffer (kv_length past
+    # the tokens) keeps taking wider masks: its own, handed back.
+    all_keys = filled if (building_causal and not isinstance(filled, torch.Tensor)
+                          and kv_offset + kv_length <= filled) else None
+    # before Transformers' helper drops an all-ones mask: a wrong-shaped one must raise, not vanish
+    check_padding_mask(attention_mask, batch_size, q_length if building_causal else None, all_keys)
     if attention_mask is None:
         if not building_causal:
             return None
