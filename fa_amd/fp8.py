@@ -131,8 +131,8 @@ def _check_fp8_inputs(q, k, v):
         raise TypeError(f"q, k and v are {q.dtype}, which {arch} has no dot product for; its FP8 types are "
                         f"{', '.join(str(d) for d in supported)}")
     ops.refuse_forward_tangents("FP8 attention", q=q, k=k, v=v)
-    needing_grad = [name for name, x in (("q", q), ("k", k), ("v", v)) if x.requires_grad]
-    if torch.is_grad_enabled() and needing_grad:
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        needing_grad = [name for name, x in (("q", q), ("k", k), ("v", v)) if x.requires_grad]
         raise ValueError(f"FP8 {' and '.join(needing_grad)} require{'s' if len(needing_grad) == 1 else ''} grad, "
                          f"but FP8 q, k, v have no backward in fa_amd (FP8 inputs are forward-only, as in FA3); "
                          f"for training pass high-precision tensors to flash_attn_fp8_func (quantised inside, "
