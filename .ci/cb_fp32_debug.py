@@ -6,7 +6,7 @@ import torch
 
 import fa_amd
 from fa_amd import kvcache
-from fa_amd.kernels import decode
+from fa_amd.kernels import decode, launch
 from fa_amd.tuning import tables
 
 fa_amd.integrations.route_flash_attention_2()
@@ -33,7 +33,7 @@ VARIANTS = {
     "no kept scratch": lambda: setattr(decode, "_MAX_KEPT_SCRATCH", 0),
     "no split": lambda: setattr(decode, "_num_splits", lambda *a: 1),
     "counters in the pool (before the fix)": lambda: setattr(
-        decode, "_zeros_outside_pools", lambda n, device: torch.zeros(n, dtype=torch.int32, device=device)),
+        launch, "zeros_outside_pools", lambda n, device: torch.zeros(n, dtype=torch.int32, device=device)),
 }
 names = sys.argv[1:] or list(VARIANTS)[:1]  # one variant per process (plans are memoized)
 dt = torch.float32

@@ -388,6 +388,40 @@ def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, whe
 
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
+    """The fix-up's NaN flags are one buffer per stream and thread, kept from call to call (no zero-fill
+    launch): after a call whose V holds a NaN, the fix-up leaves them zero, so the next calls -- the same
+    shape (a replayed launch plan on the GPU), a smaller one and a larger one -- are NaN-free and right;
+    a fix-up that fails leaves no marked buffer behind."""
+    _nan_mode(monkeypatch, device, "fixup")
+    monkeypatch.setattr(forward, "_NAN_FLAGS", {})
+    monkeypatch.setattr(forward, "_RETIRED_NAN_FLAGS", [])
+    out, ref = _nan_pattern_case(device, "v", 33, True, (-1, -1), varlen)
+    assert out.isnan().any() and torch.equal(out.isnan(), ref.isnan())
+    (buf,) = forward._NAN_FLAGS.values()
+    assert not buf.any(), "the fix-up left marks in the kept NaN flags"
+    torch.manual_seed(4)
+    for heads, length in ((2, 40), (2, 40), (1, 19), (4, 64)):
+        q, k, v = (torch.randn(2, length, h, 16, device=device) for h in (heads, heads, heads))
+        out = fa_amd.flash_attn_func(q, k, v, causal=True)
+        ref, _ = attention_ref(q, k, v, causal=True)
+        assert not out.isnan().any(), f"NaN after an earlier call's NaN marks (heads {heads}, length {length})"
+        assert (out.double() - ref).abs().max() < 1e-5
+    assert all(not b.any() for b in forward._NAN_FLAGS.values())
+
+    def failing_fixup(*args, **kwargs):
+        raise RuntimeError("fix-up launch failed")
+    real_jit_launch = forward.jit_launch
+    monkeypatch.setattr(forward, "jit_launch", lambda kernel, *a: failing_fixup() if kernel is forward.v_nan_fixup_kernel
+                        else real_jit_launch(kernel, *a))
+    monkeypatch.setattr(forward, "memo_get", lambda *a: False)  # (the JIT path, not a replayed plan)
+    with pytest.raises(RuntimeError, match="fix-up launch failed"):
+        _nan_pattern_case(device, "v", 33, True, (-1, -1), varlen)
+    assert forward._NAN_FLAGS == {}
+
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (4, 2))], ids=["causal", "window"])
 @pytest.mark.parametrize("nan_mode", ["fixup", "pass"])

@@ -33,7 +33,6 @@ before it addresses memory, and an append whose target slot is outside the cache
 or cache row is out of range) is dropped instead of written.
 """
 import functools
-import threading
 from typing import NamedTuple, Optional
 
 import torch
@@ -42,10 +41,10 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
-from ..tuning import family_of, get_decode_config, get_decode_split_policy, tables
+from ..tuning import decode_many_rule, family_of, get_decode_config, get_decode_split_policy, tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
-from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, launch, new_output, \
-    score_args
+from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, kept_zeros, launch, \
+    new_output, score_args
 from .rotary import rotary_forward
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, saturate, score_log2, \
     sink_init
@@ -566,6 +565,12 @@ def _num_splits(programs: int, key_blocks: int, sms: int, policy_items: tuple, r
     return next(s for s in range(1, most + 1) if efficiency(s) >= policy["efficiency"] * best)
 
 
+def _takes_many_tile(rule, programs: int, splits: int, capacity: int, sms: int) -> bool:
+    """Whether an unsplit launch of `programs` programs over `capacity` keys takes the DECODE_MANY tile (`rule`:
+    tuning.decode_many_rule's (min programs per SM, max keys), or None)."""
+    return rule is not None and splits == 1 and programs >= rule[0] * sms and capacity <= rule[1]
+
+
 def _fp8_kwargs(cache, descale):
     """The FP8 kernels' extra launch arguments for an FP8 cache with its descales (none otherwise:
     launches without them compile to the same code as before FP8 existed)."""
@@ -644,43 +649,10 @@ def _split_counters(q, n: int, stream=None) -> torch.Tensor:
     the next power of two, the old buffer kept alive (a graph may hold it); a capture that needs a
     bigger buffer than its stream has gets a fresh zeroed one (the memset is captured with the graph,
     so it is right at every replay) that nothing else uses."""
-    device = q.device
     if stream is None:
         stream = _current_stream(q)
-    key = (device, stream)
-    buf = _SPLIT_COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if stream is not None and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    if buf is not None:
-        _RETIRED_COUNTERS.append(buf)
-    buf = _SPLIT_COUNTERS[key] = _zeros_outside_pools(max(256, 1 << (n - 1).bit_length()), device)
-    return buf
-
-
-def _zeros_outside_pools(n: int, device) -> torch.Tensor:
-    """int32 zeros for a buffer that lives from call to call, never in a memory pool routed to this thread
-    (torch.cuda.use_mem_pool).  Transformers' continuous batching runs each graph's eager warm-up inside
-    its graphs' pool: a block allocated there may be one that an earlier capture freed, which that graph's
-    replays keep writing -- zero counters would not stay zero (audit 2026-11-25: float32 generate_batch
-    with CUDA graphs went wrong from the first decode step).  Pools route by thread, so a helper thread
-    allocates (once per buffer) and waits for its memset."""
-    if device.type != "cuda":
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    made = []
-
-    def allocate():
-        with torch.cuda.device(device):
-            made.append(torch.zeros(n, dtype=torch.int32, device=device))
-            torch.cuda.current_stream(device).synchronize()
-
-    worker = threading.Thread(target=allocate, name="fa_amd-counters")
-    worker.start()
-    worker.join()
-    if not made:
-        raise RuntimeError(f"fa_amd: could not allocate the decode split counters on {device}")
-    return made[0]
+    return kept_zeros(_SPLIT_COUNTERS, _RETIRED_COUNTERS, (q.device, stream), n, q.device,
+                      capturing=stream is not None and torch.cuda.is_current_stream_capturing())
 
 
 def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
@@ -774,6 +746,8 @@ class _Resizable(NamedTuple):
     policy: dict  # the split rule's parameters (get_decode_split_policy)
     programs: int  # programs per split the rule counted
     block_n: int  # the table tile's key block the rule counted key blocks in
+    many_rule: Optional[tuple]  # the DECODE_MANY rule in force (decode_many_rule), and whether the plan took its tile
+    many: bool
 
 
 # capacity-free structure (+ the sized ints' specialisation, the window flag) -> _Resizable.  Transformers'
@@ -820,7 +794,8 @@ def _resized_plan(structure, sized, q, window_left, num_splits, plan_key):
     plan = entry.plan
     splits = decode_num_splits(entry.programs, cdiv(sized["capacity"], entry.block_n), _sms(q), entry.policy,
                                num_splits)
-    if splits != plan.grid[1]:
+    if splits != plan.grid[1] or _takes_many_tile(entry.many_rule, entry.programs, splits, sized["capacity"],
+                                                  _sms(q)) != entry.many:
         return None
     ints = tuple(sized.get(name, value) for name, value in zip(_DECODE_INT_NAMES, plan.ints))
     replays = dict(plan.replays)
@@ -998,8 +973,14 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if wide:
         cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True, fp8=fp8)["decode"]
     n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
-    policy = get_decode_split_policy(arch, d_pad, table_tile=not (wide or fp8 or q.dtype == torch.float32))
-    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, cfg["BLOCK_N"]), _sms(q), policy, num_splits)
+    table_tile = not (wide or fp8 or q.dtype == torch.float32)
+    policy = get_decode_split_policy(arch, d_pad, table_tile=table_tile)
+    block_n = cfg["BLOCK_N"]  # (what the split rule counts key blocks in, whichever tile runs)
+    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, block_n), _sms(q), policy, num_splits)
+    many_rule = decode_many_rule(arch, d_pad) if table_tile else None
+    many = _takes_many_tile(many_rule, batch * hk * n_m_tiles, splits, capacity, _sms(q))
+    if many:
+        cfg = get_decode_config(arch, d_pad, many=True)["decode"]
     scalars, flags, _ = score_args(q, alibi_slopes, None, 0.0, softmax_scale, window_left, window_right, softcap,
                                    seqlen_q, capacity)
     flags.pop("HAS_DROPOUT")
@@ -1075,5 +1056,5 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
             (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {}))
         if structure is not None:  # (sized: computed for the _resized_plan that missed)
             _remember(_RESIZABLE, _resizable_key(structure, sized, window_left),
-                      _Resizable(plan, policy, batch * hk * n_m_tiles, cfg["BLOCK_N"]))
+                      _Resizable(plan, policy, batch * hk * n_m_tiles, block_n, many_rule, many))
     return out, (lse if need_lse else None)

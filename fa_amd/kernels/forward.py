@@ -24,6 +24,8 @@ for the P.V dot (score_mods.load_descales / p_shift), and dense V may be token-m
 head (stride_vn == 1, rows stride_vd apart: tables.FP8_V_TOKEN_MAJOR).  Other dtypes
 compile exactly as before (stride_vd == 1, descale unused).
 """
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -34,8 +36,8 @@ from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_
 from ..tuning import tables
 from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, zero_rows
 from .launch import (
-    LaunchPlan, alias_pattern, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kernel_args, launch,
-    lse_strides, new_output, recording, row_strides, score_args, shape_info)
+    LaunchPlan, alias_pattern, current_stream, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kept_zeros,
+    kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     is_nan, load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -332,12 +334,15 @@ def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_
 def v_nan_fixup_kernel(Out, NanFlags, cu_seqlens_q, seqlen_q, total_q, stride_ob, stride_om, stride_oh, GROUP,
                        HEAD_DIM: tl.constexpr, D_ROW: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
     """After a NAN_FIXUP forward: NaN into feature d of every row of every query head of (sequence, KV head)
-    where the forward's programs marked a NaN of V (NanFlags[b, hk, d], zeroed before the forward)."""
+    where the forward's programs marked a NaN of V (NanFlags[b, hk, d], zero before the forward), and the
+    marks it read set back to zero."""
     hk = tl.program_id(0)
     b = tl.program_id(1)
     offs_d = tl.arange(0, D_ROW)
-    nan_cols = tl.load(NanFlags + (b * tl.num_programs(0) + hk).to(tl.int64) * D_ROW + offs_d)
+    flag_row = NanFlags + (b * tl.num_programs(0) + hk).to(tl.int64) * D_ROW + offs_d
+    nan_cols = tl.load(flag_row)
     if tl.max(nan_cols, 0) != 0:
+        tl.store(flag_row, tl.zeros([D_ROW], dtype=tl.int32))  # (all zero again for the next forward: kept_nan_flags)
         q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q,
                                           IS_VARLEN)
         nan_tile = tl.full([BLOCK_M, D_ROW], float("nan"), tl.float32).to(Out.dtype.element_ty)
@@ -491,6 +496,34 @@ def attn_probs_kernel(
 
 # --------------------------------------------------------------------------- launcher
 
+# (device, stream, thread) -> the int32 NaN flags of NAN_FIXUP forwards, all zero between calls: the forward
+# marks V's NaN features, v_nan_fixup_kernel reads the marks and zeroes them (no zero-fill launch per call)
+_NAN_FLAGS = {}
+_RETIRED_NAN_FLAGS = []
+
+
+def _nan_flags_key(q):
+    # per thread too: another thread's forward on the same stream could land between a forward and its fix-up
+    return q.device, current_stream() if q.is_cuda else None, threading.get_ident()
+
+
+def kept_nan_flags(q, shape) -> torch.Tensor:
+    """Zeroed int32 NaN flags of `shape` (batch, hk, d_pad) for a NAN_FIXUP forward on q's device: a view of
+    the buffer kept for this stream and thread, which the fix-up leaves zero (a torch.zeros per call cost a
+    launch and ~10 us of host time); under graph capture a fresh one, captured with its memset, so a replay
+    shares nothing with eager calls or other graphs."""
+    n = shape[0] * shape[1] * shape[2]
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(shape, dtype=torch.int32, device=q.device)
+    buf = kept_zeros(_NAN_FLAGS, _RETIRED_NAN_FLAGS, _nan_flags_key(q), n, q.device)
+    return buf[:n].view(shape)
+
+
+def forget_nan_flags(q):
+    """Drop this stream and thread's kept NaN flags (a forward whose fix-up did not run may have left marks)."""
+    _NAN_FLAGS.pop(_nan_flags_key(q), None)
+
+
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None,
                       descale=None, out_dtype=None):
@@ -524,8 +557,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             lse = new_output(q, lse_shape, torch.float32)
             flags = None
             if flags_spec is not None:  # (shape, dtype, zeroed: the fix-up's marks start at 0)
-                flags = (torch.zeros if flags_spec[2] else torch.empty)(flags_spec[0], device=q.device,
-                                                                         dtype=flags_spec[1])
+                flags = kept_nan_flags(q, flags_spec[0]) if flags_spec[2] else \
+                    torch.empty(flags_spec[0], device=q.device, dtype=flags_spec[1])
             if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
                                  alibi=alibi_slopes, rng=rng_state, descale=descale)):
                 return out, lse, q.new_empty((0,), dtype=out.dtype)
@@ -586,7 +619,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES
         if nan_fixup:
             # (d_pad: the kernel's D_ROW, both chunks of a split head dim)
-            nan_flags = torch.zeros((batch, hk, d_pad), device=q.device, dtype=torch.int32)
+            nan_flags = kept_nan_flags(q, (batch, hk, d_pad))
         else:
             nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     group_size = program_group(arch, "fwd", d_lo + d_hi, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), flags["HAS_RIGHT"],
@@ -605,10 +638,14 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
              **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
     if nan_fixup:
         nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
-        jit_launch(v_nan_fixup_kernel, (hk, batch), (
-            out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
-            dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
-                 IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"]))
+        try:
+            jit_launch(v_nan_fixup_kernel, (hk, batch), (
+                out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
+                dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
+                     IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"]))
+        except BaseException:
+            forget_nan_flags(q)  # (the forward's marks, if any, were not cleared)
+            raise
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q

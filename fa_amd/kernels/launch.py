@@ -246,6 +246,48 @@ def current_stream():
     return active.get_current_stream(active.get_current_device())
 
 
+def zeros_outside_pools(n: int, device) -> torch.Tensor:
+    """int32 zeros for a buffer that lives from call to call, never in a memory pool routed to this thread
+    (torch.cuda.use_mem_pool).  Transformers' continuous batching runs each graph's eager warm-up inside
+    its graphs' pool: a block allocated there may be one that an earlier capture freed, which that graph's
+    replays keep writing -- zero counters would not stay zero (audit 2026-11-25: float32 generate_batch
+    with CUDA graphs went wrong from the first decode step).  Pools route by thread, so a helper thread
+    allocates (once per buffer) and waits for its memset."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    made = []
+
+    def allocate():
+        with torch.cuda.device(device):
+            made.append(torch.zeros(n, dtype=torch.int32, device=device))
+            torch.cuda.current_stream(device).synchronize()
+
+    worker = threading.Thread(target=allocate, name="fa_amd-zeros")
+    worker.start()
+    worker.join()
+    if not made:
+        raise RuntimeError(f"fa_amd: could not allocate a kept int32 buffer of {n} elements on {device}")
+    return made[0]
+
+
+def kept_zeros(buffers: dict, retired: list, key, n: int, device, capturing: bool = False) -> torch.Tensor:
+    """At least n int32 zeros for launches that leave them zero again (the decode split counters, the
+    forward's V NaN flags), so one buffer serves call after call with no memset: `buffers[key]` when it
+    is big enough; under graph capture (`capturing`) otherwise a fresh zeroed one, cached nowhere (the
+    memset is captured with the graph); else a new one of the next power of two (at least 256) made
+    outside memory pools (zeros_outside_pools), the one it replaces kept in `retired` (a captured graph,
+    or a launch still queued on another stream, may use it)."""
+    buf = buffers.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if capturing:
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if buf is not None:
+        retired.append(buf)
+    buf = buffers[key] = zeros_outside_pools(max(256, next_power_of_2(n)), device)
+    return buf
+
+
 def _hooks_home(where: str):
     """The object whose launch_enter_hook / launch_exit_hook Triton's runner passes to the launcher
     (tables.COMPILED_LAUNCH["hooks"])."""

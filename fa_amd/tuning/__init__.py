@@ -230,13 +230,14 @@ def _decode_row(arch: Arch, head_dim_padded: int) -> Dict:
 
 
 def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, wide: bool = False,
-                      fp8: bool = False) -> Dict[str, Dict]:
+                      fp8: bool = False, many: bool = False) -> Dict[str, Dict]:
     """Launch dicts of the decode kernels ({"decode", "append", "merge"}) from tables.DECODE_TABLES:
     the "decode" entry with its "wide" override (more than tables.DECODE_WIDE_ROWS query rows per
     KV head) and "fp32" override applied, then for an FP8 KV cache the family's tables.DECODE_FP8
     override of the row; each of these dicts with its "triton<X.Y" overrides for the installed triton
-    (decode_entry_config); AMD-only options dropped off HIP.  Memoized (hot path)."""
-    key = (arch, head_dim_padded, bool(is_fp32), bool(wide), bool(fp8))
+    (decode_entry_config); AMD-only options dropped off HIP.  `many`: the family's tables.DECODE_MANY tile
+    for the row (decode_many_rule says when).  Memoized (hot path)."""
+    key = (arch, head_dim_padded, bool(is_fp32), bool(wide), bool(fp8), bool(many))
     hit = _DECODE_RESOLVED.get(key)
     if hit is not None:
         return hit
@@ -248,6 +249,8 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
         for name, wanted in (("wide", wide), ("fp32", is_fp32)):
             if wanted and entry.get(name):
                 cfg.update(decode_entry_config(entry[name]))
+        if many and kernel == "decode":
+            cfg.update(_decode_many(arch).get("head_dims", {}).get(row["head_dim"], {}))
         if fp8 and kernel == "decode":
             fp8_entry = tables.DECODE_FP8.get(_decode_family(arch), {}).get(row["head_dim"], {})
             cfg.update(decode_entry_config(fp8_entry))
@@ -264,6 +267,20 @@ def get_decode_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, w
 
 
 _DECODE_CASES = ("wide", "fp32")
+
+
+def _decode_many(arch: Arch) -> Dict:
+    return tables.DECODE_MANY.get(_decode_family(arch), {})
+
+
+def decode_many_rule(arch: Arch, head_dim_padded: int):
+    """(min programs per SM, max keys) of the family's tables.DECODE_MANY tile for the decode row `head_dim_padded`
+    resolves to, or None where it has none: a launch of the row's own tile with at least that many unsplit
+    programs per SM over at most that many keys takes get_decode_config(..., many=True)."""
+    rule = _decode_many(arch)
+    if _decode_row(arch, head_dim_padded)["head_dim"] not in rule.get("head_dims", {}):
+        return None
+    return rule["min_programs_per_sm"], rule["max_keys"]
 
 
 def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:

@@ -455,6 +455,16 @@ SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic")}
 # compile with zero scratch for their targets under every supported triton (`fa-amd compile`'s
 # decode, merge and append kernels, .ci/aot_matrix.py; docs/AOT.md has the figures).
 DECODE_WIDE_ROWS = 16
+# Decode launches of many short programs (unsplit, at least "min_programs_per_sm" programs per SM, caches of at
+# most "max_keys" keys): the family's "head_dims" override of its table row's own decode tile (not the wide,
+# fp32 or FP8-cache variants).  Why: with 16x128/w4/s3 (139 KB of shared memory, one CTA per SM) a short
+# program's set-up and epilogue are not hidden behind another CTA's loads; 16x64/w4/s2 (103 registers, 39 KB, no
+# stack on sm90 under triton 3.9) fits four.
+# H200 (.ci/decode_ab.py stage "tiles", 3 rounds, 2026-11-28, KV GB/s, table -> 16x64/w4/s2, SDPA): b64 2k
+# 3866 -> 4189 (4220), b64 8k 4411 -> 4439 (4446), but b64 32k 4535 -> 4511 and 128k 4555 -> 4520, and every
+# b1 / b8 row lower (b8 8k 3825 -> 2458); H100 (v18): b64 2k 2890 -> 2939 (SDPA 2963).
+DECODE_MANY = {"sm90": {"min_programs_per_sm": 2, "max_keys": 4096,
+                        "head_dims": {128: {"BLOCK_N": 64, "num_stages": 2}}}}
 _DECODE_TAIL = {"append": {"BLOCK_M": 16, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}
 _DECODE_FP32 = {"BLOCK_N": 32, "num_stages": 1}
 
@@ -574,9 +584,14 @@ DECODE_SPLITS = {
     # batch 1 best at 8 splits (64 programs) at every cache length, batch 8 unsplit.  d64 and d256 (32 KB
     # per stage) want about one program per SM: batch 1 best at 16 splits (d256 b1 32k: 2640 GB/s vs 2372
     # at the default rule's 29), batch 8 at 2 (d256 b8 8k: 2898 vs 2856 at 4; d64: 2461 vs 2393)
+    # H200 (.ci/decode_ab.py stage "kernel", graph replays, 5 rounds, 2026-11-28): d128 now wants one program
+    # per SM as well -- the merge no longer serialises its loads (TUNING_NOTES v18) and 64 programs read only
+    # ~3.1-3.3 of the H200's 4.8 TB/s: b1 32k 8 splits 2548 GB/s -> 16 splits 3102 (SDPA 3308), b1 128k 3092
+    # -> 4077 (4151), b8 8k unsplit 2973 -> 2 splits 3792 (3780), b8 128k 3346 -> 4516 (4518); b1 2k keeps 8
+    # (min_blocks_per_split); on the H100 b8 32k at 2 splits read 3015 vs 3002 unsplit (v18)
     "sm90": {**_DEFAULT_SPLITS,
              "head_dims": {64: {"programs_per_sm": 1, "efficiency": 0.95},
-                           128: {"programs_per_sm": 0.5, "efficiency": 0.95},
+                           128: {"programs_per_sm": 1, "efficiency": 0.95},
                            256: {"programs_per_sm": 1, "efficiency": 0.95}}},
 }
 # Families whose split decode merges the key splits inside the decode kernel: the last split program

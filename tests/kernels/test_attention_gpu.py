@@ -127,3 +127,45 @@ def test_cuda_graph_dropout_replays_fresh_masks():
     second = static_out["o"].clone()
     assert not torch.equal(first, second), "graph replays reused one dropout mask"
     assert torch.isfinite(first).all() and torch.isfinite(second).all()
+
+
+def test_cuda_graph_nan_flags_replay_and_eager_calls(monkeypatch):
+    """A masked forward captured in a CUDA graph (its NaN flags captured with their zero-fill, not the kept
+    per-stream buffer): replays with a NaN in V, then without, give the reference's NaN pattern each time,
+    and eager calls between the replays (the kept flags of this stream) stay NaN-free."""
+    family = forward.family_of(forward.arch_for(torch.empty(0, device="cuda")))
+    monkeypatch.setattr(forward.tables, "FWD_NAN_FIXUP_FAMILIES", (family,))
+    monkeypatch.setattr(forward, "_NAN_FLAGS", {})
+    q, k, v = dense_qkv("cuda", torch.bfloat16, 2, 300, 300, 4, 2, 128)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    static_out = {}
+
+    def step():
+        static_out["o"] = fa_amd.flash_attn_func(q, k, v, causal=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    kept = dict(forward._NAN_FLAGS)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert forward._NAN_FLAGS == kept  # (a capture caches no buffer)
+    clean = v.clone()
+    for with_nan in (True, False, True):
+        v.copy_(clean)
+        if with_nan:
+            v[1, 250, 1, 7] = float("nan")  # causal rows before 250 skip its block: the fix-up writes their NaN
+        graph.replay()
+        got = static_out["o"].clone()
+        eager = fa_amd.flash_attn_func(q, k, clean, causal=True)
+        expect = torch.zeros_like(got, dtype=torch.bool)
+        if with_nan:
+            expect[1, :, 2:4, 7] = True  # every row of both query heads of KV head 1, feature 7
+        assert torch.equal(got.isnan(), expect)
+        assert not eager.isnan().any()
+        ref = fa_amd.flash_attn_func(q, k, clean, causal=True)
+        assert torch.equal(got[~expect], ref[~expect]) if with_nan else torch.equal(got, ref)
+    assert all(not buf.any() for buf in forward._NAN_FLAGS.values())

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import fa_amd
-from fa_amd import kvcache
+from fa_amd import kvcache, tuning
+from fa_amd.arch import arch_for
 from fa_amd.kernels import decode, launch
 from fa_amd.reference import attention_kvcache_ref, attention_paged_varlen_ref, attention_varlen_ref
+from fa_amd.tuning import tables
 
 from .helpers import assert_close_to_ref, cu_seqlens
 
@@ -388,7 +390,8 @@ def test_split_rule_head_dim_overrides_apply_to_the_rows_own_tile(monkeypatch):
     # the sm90 rule as tabled: batch 1 / 8 over 8 KV heads at d128 (128-key tiles, 132 SMs)
     monkeypatch.undo()
     d128 = get_decode_split_policy(sm90, 128)
-    assert [decode.decode_num_splits(b * 8, 32768 // 128, 132, d128) for b in (1, 8, 64)] == [8, 1, 1]
+    assert [decode.decode_num_splits(b * 8, 32768 // 128, 132, d128) for b in (1, 8, 64)] == [16, 2, 1]
+    assert decode.decode_num_splits(8, 2048 // 128, 132, d128) == 8  # (at least 2 key blocks per split)
 
 
 def test_l2_flush_modes():
@@ -950,6 +953,65 @@ def test_a_growing_cache_takes_its_plan_with_the_new_capacity(device, monkeypatc
         assert (out.double() - ref).abs().max() < 2e-3, length
         torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-3, rtol=0)
     assert len(ran) == full_paths and len(decode._PLANS) == 49 - 33 + 1
+
+
+def test_many_short_programs_take_the_many_tile(device, monkeypatch):
+    """tables.DECODE_MANY: an unsplit launch with at least min_programs_per_sm programs per SM over at most
+    max_keys keys runs the family's "many" tile (here another key block than the table's), others the table's; a growing dense cache
+    that crosses max_keys takes a full path there, not the last plan with the other tile.  Every step matches
+    a float64 reference."""
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
+    row = tuning._decode_row(arch_for(torch.empty(0, device=device)), 32)["head_dim"]
+    table_n = tuning.get_decode_config(arch_for(torch.empty(0, device=device)), 32)["decode"]["BLOCK_N"]
+    many_n = 16 if table_n != 16 else 32
+    length = table_n + 20  # (two key blocks of the table's tile: a split is possible)
+    monkeypatch.setitem(tables.DECODE_MANY, family, {"min_programs_per_sm": 2, "max_keys": length + 4,
+                                                     "head_dims": {row: {"BLOCK_N": many_n}}})
+    monkeypatch.setattr(decode, "_sms", lambda q: 1)
+    tuning._DECODE_RESOLVED.clear()
+    block_ns = []
+    real_launch = decode.launch
+    monkeypatch.setattr(decode, "launch", lambda kernel, cfg, *a: block_ns.append(cfg["BLOCK_N"]) or
+                        real_launch(kernel, cfg, *a))
+    decode.forget_plans()
+    torch.manual_seed(23)
+    b, hq, hk, d = 2, 4, 2, 32
+    q = torch.randn(b, 1, hq, d, device=device, dtype=torch.float16)
+    for length, splits, expect in ((length, 1, many_n), (length + 4, 1, None), (length + 8, 1, table_n),
+                                   (length, 2, table_n)):
+        k_cache = torch.randn(b, hk, length, d, device=device, dtype=torch.float16).transpose(1, 2)
+        v_cache = torch.randn(b, hk, length, d, device=device, dtype=torch.float16).transpose(1, 2)
+        before = len(block_ns)
+        out, _ = decode.decode_forward(q, k_cache, v_cache, d ** -0.5, -1, -1, 0.0, None, num_splits=splits)
+        if expect is None:
+            assert len(block_ns) == before  # (4 keys more: the last plan with its capacity ints changed)
+        else:
+            assert block_ns[before:] == [expect], (length, splits)
+        ref, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache)
+        assert (out.double() - ref).abs().max() < 2e-3, (length, splits)
+    tuning._DECODE_RESOLVED.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16])
+def test_many_tile_at_the_tabled_rows(monkeypatch, page):
+    """The GPU family's tables.DECODE_MANY tile as tabled (d128, GQA 32/8): a batch of 40 sequences with caches
+    of up to 2000 keys takes it (dense and paged), and matches the float64 reference as the table's tile does."""
+    arch = arch_for(torch.empty(0, device="cuda"))
+    if tuning.decode_many_rule(arch, 128) is None:
+        pytest.skip(f"{arch.name} has no DECODE_MANY tile")
+    taken = []
+    real = decode._takes_many_tile
+    monkeypatch.setattr(decode, "_takes_many_tile", lambda *a: taken.append(real(*a)) or taken[-1])
+    monkeypatch.setattr(decode, "_sms", lambda q: 8)  # (any GPU: 40 x 8 programs are many per SM)
+    decode.forget_plans()
+    q, k_cache, v_cache, _, _, kw, _ = make_case("cuda", dtype=torch.bfloat16, b=40, hq=32, hk=8, d=128, cache=2000,
+                                                 page=page, causal=True, seed=31)
+    ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, **kw)
+    ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, upcast=False, **kw)
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    assert taken == [True]
+    assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
 
 
 @pytest.mark.gpu
