@@ -51,7 +51,8 @@ def main():
         where = collections.Counter()
 
         def show(message, category, filename, lineno, file=None, line=None):
-            frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+            # (torch's own frames out; a venv may itself live under a directory named torch)
+            frames = [f for f in traceback.extract_stack()[:-1] if "site-packages/torch/" not in f.filename
                       and "warnings" not in f.filename and "generate_syncs" not in f.filename]
             where[" <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[-3:][::-1])] += 1
 
