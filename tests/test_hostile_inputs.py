@@ -393,7 +393,7 @@ def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
     """The fix-up's NaN flags are one buffer per stream and thread, kept from call to call (no zero-fill
     launch): after a call whose V holds a NaN, the fix-up leaves them zero, so the next calls -- the same
     shape (a replayed launch plan on the GPU), a smaller one and a larger one -- are NaN-free and right;
-    a fix-up that fails leaves no marked buffer behind."""
+    a call that stops after its forward kernel ran, or whose fix-up fails, leaves no marked buffer behind."""
     _nan_mode(monkeypatch, device, "fixup")
     monkeypatch.setattr(forward, "_NAN_FLAGS", {})
     monkeypatch.setattr(forward, "_RETIRED_NAN_FLAGS", [])
@@ -410,15 +410,28 @@ def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
         assert (out.double() - ref).abs().max() < 1e-5
     assert all(not b.any() for b in forward._NAN_FLAGS.values())
 
-    def failing_fixup(*args, **kwargs):
-        raise RuntimeError("fix-up launch failed")
-    real_jit_launch = forward.jit_launch
-    monkeypatch.setattr(forward, "jit_launch", lambda kernel, *a: failing_fixup() if kernel is forward.v_nan_fixup_kernel
-                        else real_jit_launch(kernel, *a))
+    # a call that stops after its forward kernel ran (an error, Ctrl-C) leaves no marks for the next one
     monkeypatch.setattr(forward, "memo_get", lambda *a: False)  # (the JIT path, not a replayed plan)
-    with pytest.raises(RuntimeError, match="fix-up launch failed"):
-        _nan_pattern_case(device, "v", 33, True, (-1, -1), varlen)
-    assert forward._NAN_FLAGS == {}
+    real_launch, real_jit_launch = forward.launch, forward.jit_launch
+
+    def forward_then_fail(kernel, *args):
+        real_launch(kernel, *args)
+        raise KeyboardInterrupt
+
+    def failing_fixup(kernel, *args):
+        if kernel is forward.v_nan_fixup_kernel:
+            raise RuntimeError("fix-up launch failed")
+        return real_jit_launch(kernel, *args)
+    for name, fails, error in (("launch", forward_then_fail, KeyboardInterrupt),
+                               ("jit_launch", failing_fixup, RuntimeError)):
+        with monkeypatch.context() as m:
+            m.setattr(forward, name, fails)
+            with pytest.raises(error):
+                _nan_pattern_case(device, "v", 33, True, (-1, -1), varlen)
+        assert forward._NAN_FLAGS == {}
+        q, k, v = (torch.randn(1, 40, h, 16, device=device) for h in (2, 1, 1))
+        out = fa_amd.flash_attn_func(q, k, v, causal=True)
+        assert not out.isnan().any(), f"NaN after a call that stopped in {name}"
 
 
 

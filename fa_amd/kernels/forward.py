@@ -520,8 +520,11 @@ def kept_nan_flags(q, shape) -> torch.Tensor:
 
 
 def forget_nan_flags(q):
-    """Drop this stream and thread's kept NaN flags (a forward whose fix-up did not run may have left marks)."""
-    _NAN_FLAGS.pop(_nan_flags_key(q), None)
+    """Drop this stream and thread's kept NaN flags (a forward whose fix-up did not run may have left marks); the
+    next masked forward gets a new zeroed buffer.  (The dropped one stays allocated: a launch still queued may use it.)"""
+    dropped = _NAN_FLAGS.pop(_nan_flags_key(q), None)
+    if dropped is not None:
+        _RETIRED_NAN_FLAGS.append(dropped)
 
 
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -559,8 +562,14 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             if flags_spec is not None:  # (shape, dtype, zeroed: the fix-up's marks start at 0)
                 flags = kept_nan_flags(q, flags_spec[0]) if flags_spec[2] else \
                     torch.empty(flags_spec[0], device=q.device, dtype=flags_spec[1])
-            if launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-                                 alibi=alibi_slopes, rng=rng_state, descale=descale)):
+            try:
+                ran = launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q,
+                                        cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state, descale=descale))
+            except BaseException:
+                if flags is not None:
+                    forget_nan_flags(q)  # (kept flags: the forward may have left marks that no fix-up cleared)
+                raise
+            if ran:
                 return out, lse, q.new_empty((0,), dtype=out.dtype)
         if plan is None:
             plan_key = None
@@ -625,27 +634,28 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     group_size = program_group(arch, "fwd", d_lo + d_hi, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), flags["HAS_RIGHT"],
                                fp8)
     order = dict(pairs_per_group=group_size, GROUPED_ORDER=True) if grouped_order(arch, "fwd") else {}
-    # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
-    launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
-        q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
-        *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
-        *row_strides(out, varlen), *lse_strides(lse, varlen)),
-        dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
-             **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
-             nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
-             **({"NAN_FIXUP": True} if nan_fixup else {}),
-             POSITIVE_SCALE=softmax_scale > 0 and raw_max, **order,
-             **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
-    if nan_fixup:
-        nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
-        try:
+    try:
+        # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
+        launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
+            q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
+            *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
+            *row_strides(out, varlen), *lse_strides(lse, varlen)),
+            dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
+                 **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
+                 nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
+                 **({"NAN_FIXUP": True} if nan_fixup else {}),
+                 POSITIVE_SCALE=softmax_scale > 0 and raw_max, **order,
+                 **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
+        if nan_fixup:
+            nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
             jit_launch(v_nan_fixup_kernel, (hk, batch), (
                 out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
                 dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
                      IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"]))
-        except BaseException:
-            forget_nan_flags(q)  # (the forward's marks, if any, were not cleared)
-            raise
+    except BaseException:
+        if nan_fixup:
+            forget_nan_flags(q)  # (kept flags: the forward may have left marks that no fix-up cleared)
+        raise
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
