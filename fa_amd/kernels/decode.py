@@ -972,13 +972,14 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     wide = seqlen_q * group > cfg["BLOCK_M"]
     if wide:
         cfg = get_decode_config(arch, d_pad, q.dtype == torch.float32, wide=True, fp8=fp8)["decode"]
-    n_m_tiles = cdiv(seqlen_q * group, cfg["BLOCK_M"])
+    programs = batch * hk * cdiv(seqlen_q * group, cfg["BLOCK_M"])  # (per split)
     table_tile = not (wide or fp8 or q.dtype == torch.float32)
     policy = get_decode_split_policy(arch, d_pad, table_tile=table_tile)
     block_n = cfg["BLOCK_N"]  # (what the split rule counts key blocks in, whichever tile runs)
-    splits = decode_num_splits(batch * hk * n_m_tiles, cdiv(capacity, block_n), _sms(q), policy, num_splits)
+    sms = _sms(q)
+    splits = decode_num_splits(programs, cdiv(capacity, block_n), sms, policy, num_splits)
     many_rule = decode_many_rule(arch, d_pad) if table_tile else None
-    many = _takes_many_tile(many_rule, batch * hk * n_m_tiles, splits, capacity, _sms(q))
+    many = _takes_many_tile(many_rule, programs, splits, capacity, sms)
     if many:
         cfg = get_decode_config(arch, d_pad, many=True)["decode"]
     scalars, flags, _ = score_args(q, alibi_slopes, None, 0.0, softmax_scale, window_left, window_right, softcap,
@@ -1056,5 +1057,5 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
             (grid0(fitted), splits, batch), ints, launch_kwargs, merge_grid, merge_ints, merge_kwargs, counters, {}))
         if structure is not None:  # (sized: computed for the _resized_plan that missed)
             _remember(_RESIZABLE, _resizable_key(structure, sized, window_left),
-                      _Resizable(plan, policy, batch * hk * n_m_tiles, block_n, many_rule, many))
+                      _Resizable(plan, policy, programs, block_n, many_rule, many))
     return out, (lse if need_lse else None)
