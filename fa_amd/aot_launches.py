@@ -220,8 +220,9 @@ def _run_forward_fp8(p: Problem):
     q, k, v = (a.pop(n).to(fp8_dtype) for n in "qkv")
     v = fp8._v_layout(v, p.varlen, forward.arch_for(None))
     batch = 2 if p.varlen else q.shape[0]
-    descale = torch.ones(batch, q.shape[-2], 3, dtype=torch.float32)
-    forward.attention_forward(q, k, v, **a, return_probs=False, descale=descale,
+    # FA3's descales: one per (batch, KV head) each, q's too (load_head_descales' Q_DESCALE_PER_KV_HEAD)
+    descales = tuple(torch.ones(batch, k.shape[-2], dtype=torch.float32) for _ in range(3))
+    forward.attention_forward(q, k, v, **a, return_probs=False, descales=descales,
                               out_dtype=getattr(torch, _TORCH_DTYPES[p.dtype]))
 
 

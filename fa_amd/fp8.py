@@ -1,7 +1,7 @@
 """FP8 attention: FA3-style descaled FP8 inputs, and the ROCm backend's four quantising functions.
 
 Both run the same FP8 forward: FP8 is a dtype path of the prefill kernel
-(fa_amd/kernels/forward.py, score_mods.load_descales), taken when q, k, v are fp8,
+(fa_amd/kernels/forward.py, score_mods.load_head_descales), taken when q, k, v are fp8,
 with the descale multipliers applied to the scores (q_descale * k_descale) and the
 output (v_descale), and P rounded to V's fp8 type for the P.V dot, as FA3 does; as in FA3 the
 output is divided by the row sum of the unrounded P (which keeps the lse exact), so it is within
@@ -422,7 +422,7 @@ def _v_layout(v: Tensor, varlen: bool, arch) -> Tensor:
 
 @torch.library.custom_op("fa_amd::attention_fwd_fp8", mutates_args=())
 def attention_fwd_fp8(
-    q: Tensor, k: Tensor, v: Tensor, descale: Tensor,
+    q: Tensor, k: Tensor, v: Tensor, q_descale: Tensor, k_descale: Tensor, v_descale: Tensor,
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
     dropout_p: float, softmax_scale: float, window_left: int, window_right: int, softcap: float,
@@ -431,11 +431,11 @@ def attention_fwd_fp8(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
-                             return_probs, sinks, descale=descale, out_dtype=out_dtype)
+                             return_probs, sinks, descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype)
 
 
 @attention_fwd_fp8.register_fake
-def _attention_fwd_fp8_fake(q, k, v, descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+def _attention_fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
                             out_dtype, sinks=None):
     if cu_seqlens_q is not None:
@@ -448,12 +448,12 @@ def _attention_fwd_fp8_fake(q, k, v, descale, cu_seqlens_q, cu_seqlens_k, max_se
     return q.new_empty(q.shape, dtype=out_dtype), lse, probs
 
 
-def _fp8_forward(*args):
-    """attention_fwd_fp8's (out, lse, probs): the op while torch.compile traces, the launcher otherwise."""
+def _fp8_forward(q, k, v, descales, *args, sinks=None):
+    """attention_fwd_fp8's (out, lse, probs) for descales (q_descale, k_descale, v_descale) and the op's other
+    arguments: the op while torch.compile traces, the launcher otherwise."""
     if torch.compiler.is_compiling():
-        return torch.ops.fa_amd.attention_fwd_fp8(*args)
-    sinks = args[17] if len(args) > 17 else None
-    return attention_forward(*args[:3], *args[4:16], sinks, descale=args[3], out_dtype=args[16])
+        return torch.ops.fa_amd.attention_fwd_fp8(q, k, v, *descales, *args, sinks)
+    return attention_forward(q, k, v, *args[:-1], sinks, descales=tuple(descales), out_dtype=args[-1])
 
 
 # --------------------------------------------------------------------------- FA3-style FP8 inputs
@@ -502,10 +502,10 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     q, k = (_api._last_dim_contiguous(x) for x in (q, k))
     v = _v_layout(v, varlen, arch_for(q))
     q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, varlen, return_attn_probs)
+    # (the kernels read the three descales in place: no launch here to pack them)
     out, lse, probs = _fp8_forward(
-        q, k, v, pack_descales(*descales, nheads_q), cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale,
-        left, right, softcap, alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype,
-        sinks)
+        q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale, left, right, softcap,
+        alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype, sinks=sinks)
     return _api._finish(out, lse, probs, return_attn_probs)
 
 
@@ -523,9 +523,9 @@ def _quantized_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     q8, q_descale = _quantize(q, fp8_dtype, cu_seqlens_q, max_seqlen_q, False)
     k8, k_descale = _quantize(k, fp8_dtype, cu_seqlens_k, max_seqlen_k, False)
     v8, v_descale = _quantize(v, fp8_dtype, cu_seqlens_k, max_seqlen_k, token_major)
-    return _fp8_forward(q8, k8, v8, pack_descales(q_descale, k_descale, v_descale, q.shape[-2]), cu_seqlens_q,
-                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
-                        window_right, softcap, alibi_slopes, rng_state, return_probs, q.dtype)
+    return _fp8_forward(q8, k8, v8, (q_descale, k_descale, v_descale), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                        rng_state, return_probs, q.dtype)
 
 
 def fp8_round_trip(x: Tensor, fp8_dtype: torch.dtype, cu_seqlens: Optional[Tensor] = None,

@@ -34,7 +34,9 @@ def test_fp8_jobs_only_where_the_arch_has_fp8():
 def test_fp8_launches_carry_fp8_types_and_tables():
     a, call = _call("gfx942", "fwd_fp8")
     assert a["Q"].dtype == a["K"].dtype == a["V"].dtype == torch.float8_e4m3fnuz
-    assert a["Out"].dtype == torch.bfloat16 and a["descale"].dtype == torch.float32
+    assert a["Out"].dtype == torch.bfloat16
+    assert all(a[n].dtype == torch.float32 for n in ("QDescale", "KDescale", "VDescale"))
+    assert a["Q_DESCALE_PER_KV_HEAD"]  # FA3's q_descale, (batch, nheads_k)
     assert a["IS_VARLEN"] and a["HAS_DROPOUT"] and a["GROUP"] == 2  # every feature ("all")
     a, _ = _call("gfx942", "fwd_fp8", "causal")
     assert a["stride_vn"] == 1 and a["stride_vd"] > 1  # dense V token-major on gfx942 (tables.FP8_V_TOKEN_MAJOR)

@@ -84,7 +84,7 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                     MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr):
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr, COL_BOUNDS: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if RELOAD_CHUNK:
@@ -105,7 +105,26 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
         else:
             qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
             do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
-            if MASK:
+            if COL_BOUNDS and (MASK or D_PAD == HEAD_DIM):
+                # DKDV_COL_BOUNDS: addresses from the block's scalar start plus loop-invariant offsets, and past
+                # the last row lse = 0 (zero-filled; the score mask below drops those rows): no row vector or
+                # lse mask is carried across the software pipeline's stages (sm90: spills at 64x128/w8/s3)
+                qT_offs = offs_m[None, :] * stride_qm + offs_d[:, None]
+                do_offs = offs_m[:, None] * stride_dom + offs_d[None, :]
+                if MASK:
+                    rows_left = q_len - start_m
+                    qT = tl.load(Q_head + start_m * stride_qm + qT_offs,
+                                 mask=(offs_m[None, :] < rows_left) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+                    do = tl.load(DO_head + start_m * stride_dom + do_offs,
+                                 mask=(offs_m[:, None] < rows_left) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                    lse = tl.load(Lse_head + start_m + offs_m, mask=offs_m < rows_left, other=0.0)
+                    delta = tl.load(Delta_head + start_m + offs_m, mask=offs_m < rows_left, other=0.0)
+                else:
+                    qT = tl.load(Q_head + start_m * stride_qm + qT_offs)
+                    do = tl.load(DO_head + start_m * stride_dom + do_offs)
+                    lse = tl.load(Lse_head + start_m + offs_m)
+                    delta = tl.load(Delta_head + start_m + offs_m)
+            elif MASK:
                 qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
                 do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 # rows past the end get lse=+inf, hence p=0: they add nothing
@@ -127,9 +146,24 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                 do_hi = load_cols_t(DO_head + rows[:, None] * stride_dom, rows[:, None] < q_len, offs_dh[None, :],
                                     HEAD_DIM, D_PAD + D_HI, MASK)
                 sT = tl.dot(k_hi, qT_hi, sT, input_precision=INPUT_PRECISION)
-        sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
-                            softcap_log2, slope_log2, win_left, win_right,
-                            MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+        if (MASK and COL_BOUNDS) and not RELOAD_CHUNK:  # (triton 3.2: no chained and)
+            sT, tT = score_log2(sT, start_m + offs_m[None, :], cols[:, None], diag, k_len, qk_scale_log2,
+                                softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+            # score_log2's masks as [row_lo, row_hi) per key column, in rows from start_m: past the last
+            # row (lse 0 there), past the last key, outside the window
+            row_hi = q_len - start_m
+            if HAS_LEFT:
+                row_hi = tl.minimum(row_hi, cols - diag + win_left + 1 - start_m)
+            row_hi = tl.where(cols < k_len, row_hi, 0)
+            keep = offs_m[None, :] < row_hi[:, None]
+            if HAS_RIGHT:
+                keep = keep & (offs_m[None, :] >= (cols - diag - win_right - start_m)[:, None])
+            sT = tl.where(keep, sT, float("-inf"))
+        else:
+            sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
+                                softcap_log2, slope_log2, win_left, win_right,
+                                MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
         pT = tl.exp2(sT - (lse * LOG2E)[None, :])
         # (WANT_DK / WANT_DV: which accumulators this program holds; both but in DKDV_SPLIT programs)
         if RELOAD_CHUNK:
@@ -208,12 +242,12 @@ def _dkdv_program(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, pid_n, pid_h, b, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
-    SPLIT_EARLY_RETURN: tl.constexpr,
+    SPLIT_EARLY_RETURN: tl.constexpr, COL_BOUNDS: tl.constexpr,
 ):
     """The dK/dV program of key block pid_n, axis-1 slot pid_h and sequence b (WANT_DK / WANT_DV: which of the
     two it computes; D_HI: the width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none;
     SPLIT_EARLY_RETURN: a DKDV_SPLIT program past its sequence returns early too,
-    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES)."""
+    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES; COL_BOUNDS: the kernel switch DKDV_COL_BOUNDS)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
@@ -294,7 +328,8 @@ def _dkdv_program(
                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+                HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
+                COL_BOUNDS)
         dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
             dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
             DQ_head, stride_qm, stride_dom, stride_dqm,
@@ -302,7 +337,8 @@ def _dkdv_program(
             qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
             sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
+                COL_BOUNDS)
         dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
             dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
             DQ_head, stride_qm, stride_dom, stride_dqm,
@@ -310,7 +346,8 @@ def _dkdv_program(
             qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
             sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI)
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
+                COL_BOUNDS)
     dk = dk * sm_scale
     if D_HI:
         dk_hi = dk_hi * sm_scale
@@ -381,7 +418,7 @@ def attn_bwd_dkdv_kernel(
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0, SPLIT_EARLY_RETURN: tl.constexpr = False,
-    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False,
+    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, DKDV_COL_BOUNDS: tl.constexpr = 0,
 ):
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # zeroed rows span D_ROW columns
@@ -439,7 +476,7 @@ def attn_bwd_dkdv_kernel(
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, False, D_HI,
-                          SPLIT_EARLY_RETURN)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -452,7 +489,7 @@ def attn_bwd_dkdv_kernel(
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, pid_h, b,
                           False, True, D_HI,
-                          SPLIT_EARLY_RETURN)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -464,7 +501,7 @@ def attn_bwd_dkdv_kernel(
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                       INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, True, D_HI,
-                      SPLIT_EARLY_RETURN)
+                      SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
 
 
 @triton.jit

@@ -41,7 +41,8 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
-from ..tuning import decode_many_rule, family_of, get_decode_config, get_decode_split_policy, tables
+from ..tuning import decode_many_rule, decode_masked_stages, family_of, get_decode_config, get_decode_split_policy, \
+    tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, kept_zeros, launch, \
     new_output, score_args
@@ -156,7 +157,7 @@ def kv_append_kernel(
 # --------------------------------------------------------------------------- split-KV attention
 
 @triton.jit
-def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start, end,
+def _decode_block(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start_n, end,
                   offs_n, offs_d, rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp,
                   page_size, num_pages,
                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
@@ -165,69 +166,101 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM
                   HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                   INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_FP8: tl.constexpr,
                   HAS_LEFTPAD: tl.constexpr):
+    """Key block [start_n, start_n + BLOCK_N) of _decode_inner's loop (which ends at `end`)."""
     # K and V tiles are computed in q's dtype: a no-op cast except for an FP8 cache under a
     # high-precision q (widened); FP8 q dots the FP8 cache as it is (module doc)
-    for start_n in range(start, end, BLOCK_N):
-        cols = start_n + offs_n
-        if PAGED:
-            if MASK:
-                page = tl.load(BT_row + cols // page_size, mask=cols < k_end, other=0)
-            else:
-                page = tl.load(BT_row + cols // page_size)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-            slot = cols % page_size
-            k_off = page * stride_kp + slot * stride_kn
-            v_off = page * stride_vp + slot * stride_vn
-        else:
-            k_off = cols * stride_kn
-            v_off = cols * stride_vn
-        v_ptrs = V_base + v_off[:, None] + offs_d[None, :]
-        if RELOAD_CHUNK:
-            # q streamed from memory in head-dim chunks with each key block (register-bound RDNA)
-            qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
-                             rows_tok[:, None] < in_loop(q_len, start_n, end), K_base + k_off[:, None],
-                             cols[:, None] < k_end, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
-        else:
-            kT_ptrs = K_base + k_off[None, :] + offs_d[:, None]
-            if MASK:
-                kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_end) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            elif D_PAD != HEAD_DIM:
-                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-            else:
-                kT = tl.load(kT_ptrs)
-            qk = tl.dot(q, kT.to(Q.dtype.element_ty), input_precision=INPUT_PRECISION)
-        s, _ = score_log2(qk, rows_tok[:, None], cols[None, :], diag, k_end, qk_scale_log2, softcap_div,
-                          softcap_log2, slope_log2, win_left, win_right,
-                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+    cols = start_n + offs_n
+    if PAGED:
         if MASK:
-            # keys before cache_leftpad (block starts are aligned below it)
-            s = tl.where(cols[None, :] >= k_lo, s, float("-inf"))
-            if HAS_KEY_MASK:
-                keep = tl.load(KM_row + cols, mask=cols < k_end, other=0)
-                s = tl.where(keep[None, :] != 0, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            page = tl.load(BT_row + cols // page_size, mask=cols < k_end, other=0)
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_shift = m_new
-        p = tl.exp2(s - p_shift(m_shift, Q_FP8)[:, None])
-        alpha = tl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+            page = tl.load(BT_row + cols // page_size)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        slot = cols % page_size
+        k_off = page * stride_kp + slot * stride_kn
+        v_off = page * stride_vp + slot * stride_vn
+    else:
+        k_off = cols * stride_kn
+        v_off = cols * stride_vn
+    v_ptrs = V_base + v_off[:, None] + offs_d[None, :]
+    if RELOAD_CHUNK:
+        # q streamed from memory in head-dim chunks with each key block (register-bound RDNA)
+        qk = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), q_rows,
+                         rows_tok[:, None] < in_loop(q_len, start_n, end), K_base + k_off[:, None],
+                         cols[:, None] < k_end, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
+    else:
+        kT_ptrs = K_base + k_off[None, :] + offs_d[:, None]
         if MASK:
-            # slots before cache_leftpad are not the sequence's (uninitialised memory, maybe NaN): not read
-            in_seq = cols[:, None] < k_end
-            if HAS_LEFTPAD:  # (only then: the compare cost CDNA builds a 36 B spill under triton 3.6)
-                in_seq = in_seq & (cols[:, None] >= k_lo)
-            v = tl.load(v_ptrs, mask=in_seq & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_end) & (offs_d[:, None] < HEAD_DIM), other=0.0)
         elif D_PAD != HEAD_DIM:
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
         else:
-            v = tl.load(v_ptrs)
-        v = v.to(Q.dtype.element_ty)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
+            kT = tl.load(kT_ptrs)
+        qk = tl.dot(q, kT.to(Q.dtype.element_ty), input_precision=INPUT_PRECISION)
+    s, _ = score_log2(qk, rows_tok[:, None], cols[None, :], diag, k_end, qk_scale_log2, softcap_div,
+                      softcap_log2, slope_log2, win_left, win_right,
+                      MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+    if MASK:
+        # keys before cache_leftpad (block starts are aligned below it)
+        s = tl.where(cols[None, :] >= k_lo, s, float("-inf"))
+        if HAS_KEY_MASK:
+            keep = tl.load(KM_row + cols, mask=cols < k_end, other=0)
+            s = tl.where(keep[None, :] != 0, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_shift = m_new
+    p = tl.exp2(s - p_shift(m_shift, Q_FP8)[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if MASK:
+        # slots before cache_leftpad are not the sequence's (uninitialised memory, maybe NaN): not read
+        in_seq = cols[:, None] < k_end
+        if HAS_LEFTPAD:  # (only then: the compare cost CDNA builds a 36 B spill under triton 3.6)
+            in_seq = in_seq & (cols[:, None] >= k_lo)
+        v = tl.load(v_ptrs, mask=in_seq & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif D_PAD != HEAD_DIM:
+        v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    v = v.to(Q.dtype.element_ty)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+    m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start, end,
+                  offs_n, offs_d, rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp,
+                  page_size, num_pages,
+                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_FP8: tl.constexpr,
+                  HAS_LEFTPAD: tl.constexpr, STAGES: tl.constexpr = 0):
+    """Key blocks [start, end) of one program.  STAGES: 0 pipelines the loop as the launch's num_stages says,
+    else in this many stages (1: not pipelined -- no prologue / epilogue copies of the loads).  (Two loops, not
+    one tl.range with a computed num_stages: the unswitched launches keep the exact code they were fitted with.)"""
+    if STAGES == 0:
+        for start_n in range(start, end, BLOCK_N):
+            acc, l_i, m_i = _decode_block(
+                acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start_n, end, offs_n, offs_d,
+                rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp, page_size, num_pages,
+                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, HEAD_DIM, D_PAD, BLOCK_M,
+                BLOCK_N, MASK, PAGED, HAS_KEY_MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION,
+                RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
+    else:
+        for start_n in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+            acc, l_i, m_i = _decode_block(
+                acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM_row, start_n, end, offs_n, offs_d,
+                rows_tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kp, stride_vp, page_size, num_pages,
+                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right, HEAD_DIM, D_PAD, BLOCK_M,
+                BLOCK_N, MASK, PAGED, HAS_KEY_MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION,
+                RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
     return acc, l_i, m_i
 
 
@@ -247,7 +280,7 @@ def decode_kernel(
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, Descale=None, FP8_MAX: tl.constexpr = 0.0,
-    SplitCounters=None, FUSED_MERGE: tl.constexpr = False,
+    SplitCounters=None, FUSED_MERGE: tl.constexpr = False, MASKED_STAGES: tl.constexpr = 0,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -261,6 +294,8 @@ def decode_kernel(
     Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
     adds them instead, so each row counts its sink once.
     FP8 caches (and q) with Descale (batch, n_kv_heads, 3): module doc.
+    MASKED_STAGES (tables.DECODE_MASKED_STAGES): the masked key loops' pipeline stages (0: as num_stages); with it
+    the masked front loop is emitted only where a left window or leftpad can mask the front.
     """
     n_kv_heads = n_heads // GROUP
     hk = tl.program_id(0) % n_kv_heads
@@ -379,12 +414,17 @@ def decode_kernel(
             if Q_FP8:  # l_i sums P * 2**FP8_P_LOG2 (score_mods.p_shift): the sink's term too
                 l_i = l_i * FP8_P_SCALE
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
-                                  s_lo, a1, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
-                                  stride_vb, page_size, num_cache_rows,
-                                  qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-                                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
+    # without a left window or leftpad full_lo = lo: the masked front [s_lo, a1) is empty, and a MASKED_STAGES
+    # launch does not emit it (tables.DECODE_MASKED_STAGES; others keep the code they were fitted with: dropping
+    # it took sm90's 16x64/s2 DECODE_MANY tile from 148 to 128 registers and 262 to 276 instructions per block)
+    if (HAS_LEFT or HAS_LEFTPAD) or MASKED_STAGES == 0:  # (triton 3.2: no chained or)
+        acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
+                                      s_lo, a1, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn,
+                                      stride_kb, stride_vb, page_size, num_cache_rows,
+                                      qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
+                                      HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD,
+                                      MASKED_STAGES)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, q_rows[:, None], q_len, Q, K_base, V_base, BT_row, KM_row,
                                   a1, a2, offs_n, offs_d, tok, diag, k_lo, k_end, stride_kn, stride_vn, stride_kb,
                                   stride_vb, page_size, num_cache_rows,
@@ -396,7 +436,8 @@ def decode_kernel(
                                   stride_vb, page_size, num_cache_rows,
                                   qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, PAGED, HAS_KEY_MASK, IS_SOFTCAP,
-                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD)
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD,
+                                  MASKED_STAGES)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -1020,6 +1061,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     # sinks only when given: a launch without them compiles to the same code as before they existed
     sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
     kwargs.update(sink_kwargs, **_fp8_kwargs(k_cache, descale))
+    masked_stages = decode_masked_stages(arch, d_pad) if table_tile and not many else 0
+    if masked_stages:  # (only when set: launches without it compile to the same code as before it existed)
+        kwargs["MASKED_STAGES"] = masked_stages
     # the last split of each tile merges the splits (no merge launch) where the tables say so
     counters = 0
     if split and family_of(arch) in tables.DECODE_FUSED_MERGE_FAMILIES:

@@ -20,7 +20,7 @@ has a second tile beside it, and S sums two dots.  0 (one chunk, padded to D_PAD
 
 FP8 (fa_amd/fp8.py) is a dtype path of the same kernels: FP8 is a constexpr read off Q's
 element type; the descale operand scales S and the output, P is rounded to V's fp8 type
-for the P.V dot (score_mods.load_descales / p_shift), and dense V may be token-major per
+for the P.V dot (score_mods.load_head_descales / p_shift), and dense V may be token-major per
 head (stride_vn == 1, rows stride_vd apart: tables.FP8_V_TOKEN_MAJOR).  Other dtypes
 compile exactly as before (stride_vd == 1, descale unused).
 """
@@ -39,7 +39,7 @@ from .launch import (
     LaunchPlan, alias_pattern, current_stream, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kept_zeros,
     kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
-    is_nan, load_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
+    is_nan, load_head_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
 
 # At most this many programs per (sequence, KV head) in v_nan_flags_kernel (tables.V_NAN_FLAGS says how
@@ -139,7 +139,8 @@ def attn_fwd_kernel(
     stride_lb, stride_lh,
     Alibi, stride_ab, SeedState, keep_threshold, keep_scale,
     total_q, total_k, NanFlags, nan_splits,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    QDescale, KDescale, VDescale, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -147,13 +148,13 @@ def attn_fwd_kernel(
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
-    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False,
+    pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, Q_DESCALE_PER_KV_HEAD: tl.constexpr = False,
 ):
     # heavier (later) query blocks first, in groups of pairs_per_group (batch, head) pairs: tail balance
     # under causal masks
     pid_0, h, b = grouped_program_ids(pairs_per_group, GROUPED_ORDER)
     pid_m = tl.num_programs(0) - 1 - pid_0
-    # fp8 operands + descales (score_mods.load_descales): a compile-time fact of Q's dtype
+    # fp8 operands + descales (score_mods.load_head_descales): a compile-time fact of Q's dtype
     FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # whole rows (zeroed rows, the V NaN rule) span D_ROW columns
@@ -182,7 +183,9 @@ def attn_fwd_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)
+    q_descale, k_descale, v_descale = load_head_descales(
+        QDescale, KDescale, VDescale, b, h, hk, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb,
+        stride_vdh, Q_DESCALE_PER_KV_HEAD, FP8)
     v_len = k_len  # the keys' V rows the masked loads read
     if FP8:
         # S = (q8 . k8) * q_descale * k_descale, folded into the scalar score scales.  A negative product
@@ -430,12 +433,13 @@ def attn_probs_kernel(
     stride_pb, stride_ph, stride_pm,
     Alibi, stride_ab, SeedState, keep_threshold,
     total_q, total_k,
-    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right, descale,
+    qk_scale_log2, softcap_div, softcap_log2, win_left, win_right,
+    QDescale, KDescale, VDescale, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     GROUP, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, Q_DESCALE_PER_KV_HEAD: tl.constexpr = False,
 ):
     """S_dmask for return_attn_probs: softmax probabilities, negated where dropout dropped them."""
     pid_m = tl.program_id(0)
@@ -454,7 +458,9 @@ def attn_probs_kernel(
     offs_d = tl.arange(0, D_PAD)
     row_mask = offs_m < q_len
     FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
-    q_descale, k_descale, v_descale = load_descales(descale, b, h, tl.num_programs(1), FP8)  # v: unused
+    q_descale, k_descale, v_descale = load_head_descales(  # v: unused
+        QDescale, KDescale, VDescale, b, h, hk, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb,
+        stride_vdh, Q_DESCALE_PER_KV_HEAD, FP8)
     if FP8:  # as in attn_fwd_kernel
         qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
         softcap_div = softcap_div * (q_descale * k_descale)
@@ -527,16 +533,38 @@ def forget_nan_flags(q):
         _RETIRED_NAN_FLAGS.append(dropped)
 
 
+def _descale_slots(descales) -> dict:
+    """A launch plan's names for the FP8 descale tensors (None without FP8)."""
+    qd, kd, vd = descales or (None, None, None)
+    return dict(q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+def _descale_args(descales, q, nheads_q: int) -> dict:
+    """The forward kernels' descale arguments: the caller's three tensors and their (batch, head) strides
+    (score_mods.load_head_descales); without FP8, stand-ins the kernels never read."""
+    if descales is None:
+        return dict(QDescale=q, KDescale=q, VDescale=q, stride_qdb=0, stride_qdh=0, stride_kdb=0, stride_kdh=0,
+                    stride_vdb=0, stride_vdh=0)
+    qd, kd, vd = descales
+    args = dict(QDescale=qd, KDescale=kd, VDescale=vd, stride_qdb=qd.stride(0), stride_qdh=qd.stride(1),
+                stride_kdb=kd.stride(0), stride_kdh=kd.stride(1), stride_vdb=vd.stride(0), stride_vdh=vd.stride(1))
+    if qd.shape[1] != nheads_q:  # FA3's q_descale: one per (batch, KV head)
+        args["Q_DESCALE_PER_KV_HEAD"] = True
+    return args
+
+
 def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks=None,
-                      descale=None, out_dtype=None):
+                      descales=None, out_dtype=None):
     """Returns (out, softmax_lse, probs); probs is empty unless return_probs.
 
     sinks: None, or fp32 (nheads_q,) learnable sink logits that join each row's softmax
     denominator (softmax_lse then includes them; probs exclude the sink's share).
-    FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descale`, fp32
-    (batch, nheads_q, 3) contiguous (score_mods.load_descales), and `out_dtype` (fa_amd.fp8 checks
-    both); V may then also be token-major per head (v.stride(-3) == 1)."""
+    FP8 q, k, v (one fp8 dtype; the kernels take the FP8 path from it) come with `descales`, the fp32
+    tensors (q_descale, k_descale, v_descale), read in place (score_mods.load_head_descales): k and v
+    (batch, nheads_k), q (batch, nheads_q) or (batch, nheads_k), any strides (an absent one a ones view
+    with strides 0); and `out_dtype` (fa_amd.fp8 checks both).  V may then also be token-major per head
+    (v.stride(-3) == 1)."""
     plan_key = rows = arch = None
     if not return_probs and sinks is None and q.device.type != "cpu":
         # the common call (no probs or sinks; FP8 too, its descales a tensor of the replay): replay the
@@ -546,11 +574,12 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     v.dtype, q.device, cu_seqlens_q is None, cu_seqlens_k is None, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
-                    None if descale is None else (descale.shape, descale.stride()),
+                    None if descales is None else tuple((x.shape, x.stride()) for x in descales),
                     tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES,
                     tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
                     launch,
-                    alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, descale))
+                    alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
+                                  *(descales or (None,) * 3)))
         arch = arch_for(q)
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -564,7 +593,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     torch.empty(flags_spec[0], device=q.device, dtype=flags_spec[1])
             try:
                 ran = launches.run(dict(q=q, k=k, v=v, out=out, lse=lse, flags=flags, cu_q=cu_seqlens_q,
-                                        cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state, descale=descale))
+                                        cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state,
+                                        **_descale_slots(descales)))
             except BaseException:
                 if flags is not None:
                     forget_nan_flags(q)  # (kept flags: the forward may have left marks that no fix-up cleared)
@@ -576,12 +606,12 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     with recording() as recorded:
         out, lse, probs, nan_flags = _attention_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
-            window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descale, out_dtype)
+            window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descales, out_dtype)
     if plan_key is not None:
         # (no launch recorded: an empty problem, filled on the host; no plan either)
         launches = LaunchPlan.build(recorded, dict(q=q, k=k, v=v, out=out, lse=lse, flags=nan_flags, cu_q=cu_seqlens_q,
                                                    cu_k=cu_seqlens_k, alibi=alibi_slopes, rng=rng_state,
-                                                   descale=descale),
+                                                   **_descale_slots(descales)),
                                     arch.is_hip) if recorded else None
         flags_spec = None if nan_flags is None else (tuple(nan_flags.shape), nan_flags.dtype, nan_flags.dim() == 3)
         memo_put(plan_key, rows, None if launches is None else (launches, tuple(lse.shape), flags_spec))
@@ -589,7 +619,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descale,
+                       window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, sinks, descales,
                        out_dtype):
     """attention_forward's launches; returns (out, lse, probs, the V NaN flags or None)."""
     varlen, batch, hq, hk, d, seqlen_q, seqlen_k = shape_info(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
@@ -601,7 +631,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     if batch == 0 or max_seqlen_q == 0 or hq == 0:
         # no query row is in a sequence: every token (e.g. past cu_seqlens_q[-1]) gets output 0, lse +inf
         return out.zero_(), lse.fill_(float("inf")), probs, None
-    fp8 = descale is not None
+    fp8 = descales is not None
     d_pad = head_dim_padded(d, fp8=fp8)
     scalars, flags, keep_scale = score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale,
                                              window_left, window_right, softcap, max_seqlen_q, max_seqlen_k)
@@ -619,7 +649,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     common = kernel_args(hq, hk, d, d_pad, varlen, flags, total_q=q.shape[0], total_k=k.shape[0])
-    descale = q if descale is None else descale  # read only on the FP8 path
+    descale_args = _descale_args(descales, q, hq)
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference -- from
     # a pass over V before the forward, or (tables.FWD_NAN_FIXUP_FAMILIES) marked inside it and written
     # by v_nan_fixup_kernel after it
@@ -640,7 +670,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
             q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
             *row_strides(out, varlen), *lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, descale=descale, **scalars, **dict(common, D_PAD=d_lo),
+            dict(keep_scale=keep_scale, **descale_args, **scalars, **dict(common, D_PAD=d_lo),
                  **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
                  nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
                  **({"NAN_FIXUP": True} if nan_fixup else {}),
@@ -663,5 +693,5 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
             q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
             probs.stride(0), probs.stride(1), probs.stride(2)),
-            dict(SeedState=seed_state, descale=descale, **scalars, **common))
+            dict(SeedState=seed_state, **descale_args, **scalars, **common))
     return out, lse, probs, nan_flags

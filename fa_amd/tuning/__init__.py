@@ -283,6 +283,13 @@ def decode_many_rule(arch: Arch, head_dim_padded: int):
     return rule["min_programs_per_sm"], rule["max_keys"]
 
 
+def decode_masked_stages(arch: Arch, head_dim_padded: int) -> int:
+    """tables.DECODE_MASKED_STAGES for the decode row `head_dim_padded` resolves to: the pipeline stages of the
+    decode kernel's masked key loops (0: as the launch's num_stages)."""
+    return tables.DECODE_MASKED_STAGES.get(_decode_family(arch), {}).get(_decode_row(arch, head_dim_padded)["head_dim"],
+                                                                         0)
+
+
 def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:
     """A decode table entry (or one of its "wide" / "fp32" / tables.DECODE_FP8 override dicts) without
     its case overrides, with its "triton<X.Y" overrides whose bound is above the installed triton

@@ -209,8 +209,14 @@ TABLES = {
                  # its NaNs marked in the forward): b4 s4k / b2 s8k 0.440 / 0.759 ms vs 64x64/w4/s3 at maxnreg 168
                  # 0.469 / 0.886, 128x64/w4/s3 0.490 / 0.894, 64x64/w4/s3 0.520 / 0.954 (bf16 0.657 / 1.220)
                  "fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
-         # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages
-         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}},
+         # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages.
+         # DKDV_COL_BOUNDS (KERNEL_SWITCHES) on non-causal launches under triton 3.6 (.ci/bwd_spill_ab.py, H200,
+         # 2026-11-28, 7 interleaved rounds, fwd+bwd ms, off -> on, Flex): b32 s512 0.785 -> 0.771 (0.782), b16 s1k
+         # 1.269 -> 1.254, b8 s2k 2.291 -> 2.283, b2 s8k 8.568 -> 8.517, h16/kv4 b4 s4k 4.415 -> 4.199, b1 s16k
+         # 17.51 -> 16.90; causal lost (5 rounds: b32 s512 0.673 -> 0.692, b4 s4k 2.430 -> 2.900, h16/kv4 b2 s4k
+         # 1.171 -> 1.403).  Not under triton >= 3.7 (more stack there, untimed).
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2},
+                  "triton<3.7": {"DKDV_COL_BOUNDS": 1}, "causal": {"DKDV_COL_BOUNDS": 0}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
         # Head dims run as 128 + 64 (HEAD_DIM_SPLIT_FAMILIES: d192; d144 / d160 = 128 + 16 / 32 too).
         # .ci/head_split_ab.py --tiles (H100, 2026-11-24, 5 interleaved rounds, d192 h10 causal, TFLOP/s, s1k / s4k): fwd 128x64/w8/s3
@@ -433,10 +439,16 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   holding one [BLOCK_N, D] fp32 accumulator instead of two (S is computed by both: 5 matmuls per
 #   tile pair instead of 4); for register-bound head dims (d256), where it lets 8 warps take
 #   128-key tiles.  Off everywhere until timed (.ci/d256_ab.py, docs/TUNING_NOTES.md v9).
-KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0}
+#   DKDV_COL_BOUNDS (dK/dV kernel only; RELOAD_CHUNK=0): 1 builds the query-block loads from the block's
+#   scalar start plus loop-invariant offsets and masks the masked blocks' scores with per-key-column row
+#   bounds (rows past the end get lse 0 and a -inf score instead of lse +inf): no row vector or load mask
+#   crosses the software pipeline's stages.  Same gradients for finite inputs.  sm90 d128 64x128/w8/s3 bf16
+#   under triton 3.6: ptxas stack 104 / 144 B -> 32 / 0 B (plain / causal fused launch); under 3.9 it is worse,
+#   64 / 112 -> 144 / 176 B.  On for sm90 d128 non-causal launches under triton < 3.7 (its table entry has the timing).
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0, "DKDV_COL_BOUNDS": 0}
 # Switches that only some kernels take, with the table kernels whose launch dicts carry them
 # (the others never see them: an entry that sets one is an error); unlisted switches: every kernel.
-SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic")}
+SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic"), "DKDV_COL_BOUNDS": ("dkdv", "dkdv_atomic")}
 
 
 # --------------------------------------------------------------------------- decode (kernels/decode.py)
@@ -458,13 +470,27 @@ DECODE_WIDE_ROWS = 16
 # Decode launches of many short programs (unsplit, at least "min_programs_per_sm" programs per SM, caches of at
 # most "max_keys" keys): the family's "head_dims" override of its table row's own decode tile (not the wide,
 # fp32 or FP8-cache variants).  Why: with 16x128/w4/s3 (139 KB of shared memory, one CTA per SM) a short
-# program's set-up and epilogue are not hidden behind another CTA's loads; 16x64/w4/s2 (103 registers, 39 KB, no
-# stack on sm90 under triton 3.9) fits four.
+# program's set-up and epilogue are not hidden behind another CTA's loads; 16x64/w4/s2 (39 KB) fits four.
 # H200 (.ci/decode_ab.py stage "tiles", 3 rounds, 2026-11-28, KV GB/s, table -> 16x64/w4/s2, SDPA): b64 2k
 # 3866 -> 4189 (4220), b64 8k 4411 -> 4439 (4446), but b64 32k 4535 -> 4511 and 128k 4555 -> 4520, and every
 # b1 / b8 row lower (b8 8k 3825 -> 2458); H100 (v18): b64 2k 2890 -> 2939 (SDPA 2963).
+# maxnreg 128 keeps the four CTAs: with an int32 cache_seqlens tensor (its load) ptxas took the kernel to 148
+# registers (three CTAs per SM) and b64 2k ran 153 us against 124 without cache_seqlens (H200, triton 3.6,
+# .ci/decode_lens_probe.py, TUNING_NOTES v29); capped it builds at 128 with no stack (sm90, triton 3.6).
 DECODE_MANY = {"sm90": {"min_programs_per_sm": 2, "max_keys": 4096,
-                        "head_dims": {128: {"BLOCK_N": 64, "num_stages": 2}}}}
+                        "head_dims": {128: {"BLOCK_N": 64, "num_stages": 2, "maxnreg": 128}}}}
+# Software-pipeline stages of the decode kernel's masked key loops (the front below a left window or leftpad, the
+# ragged tail), per family and table row head dim: 0 (absent) pipelines them like the unmasked loop, 1 runs them
+# unpipelined.  A masked loop runs at most a block or two, so its pipeline prologue / epilogue are pure fixed
+# cost: sm90 d128 (16x128/w4/s3, b1 2k SASS, triton 3.6) 656 instructions between the unmasked and the tail loop
+# -> 50, the tail body 582 -> 639, 209 -> 219 registers, the same shared memory.  A launch with it also drops the
+# masked front loop where nothing can mask the front (no left window, no leftpad): b1 2k 769 + 568 instructions of
+# set-up and front-loop copies before the first key block -> 713.  The table row's own tile takes it, not the
+# DECODE_MANY tile (16x64/s2 at 128 registers spilled 8 B with it).  H200 (.ci/decode_b1_ab.py, CUDA graphs, 5
+# rounds, 2026-11-28, us, pipelined -> this, SDPA): b1 2k 15.94 -> 13.47 (12.45), 8k 22.08 -> 20.16 (19.20), 32k
+# 44.03 -> 42.08 (40.70), 128k 132.26 -> 130.40 (129.57), b8 2k 26.75 -> 25.02 (25.95).  Two stages instead of
+# three for splits of at most 4 key blocks lost at b1 2k / 8k (14.02 / 23.26 us): not kept.
+DECODE_MASKED_STAGES = {"sm90": {128: 1}}
 _DECODE_TAIL = {"append": {"BLOCK_M": 16, "num_warps": 4}, "merge": {"BLOCK_M": 16, "num_warps": 4}}
 _DECODE_FP32 = {"BLOCK_N": 32, "num_stages": 1}
 

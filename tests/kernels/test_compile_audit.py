@@ -97,9 +97,10 @@ def test_fp8_ops_opcheck(device):
     _opcheck(torch.ops.fa_amd.attention_fwd_fp8_quantized.default, _fwd_args(q, k, v, right=0))
     # (FP8 inputs: opcheck's schema test cannot compare FP8 tensors on the CPU)
     q8, k8, v8 = (t.detach().to(fp8_dtype) for t in (q, k, v))
-    descale = torch.rand(2, 4, 3, device=device) + 0.5
+    q_descale, k_descale, v_descale = (torch.rand(2, 2, device=device) + 0.5 for _ in range(3))
     _opcheck(torch.ops.fa_amd.attention_fwd_fp8.default,
-             (q8, k8, v8, descale, None, None, 5, 7, 0.0, 0.25, -1, 0, 0.0, None, None, True, torch.float16),
+             (q8, k8, v8, q_descale, k_descale, v_descale, None, None, 5, 7, 0.0, 0.25, -1, 0, 0.0, None, None, True,
+              torch.float16),
              test_utils=FAKE_CHECKS[1:])
 
 

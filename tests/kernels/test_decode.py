@@ -1015,6 +1015,34 @@ def test_many_tile_at_the_tabled_rows(monkeypatch, page):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("feature", ["plain", "leftpad", "window", "paged"])
+def test_masked_stages_at_the_tabled_rows(monkeypatch, feature):
+    """The GPU family's tables.DECODE_MASKED_STAGES as tabled (d128, GQA 32/8, batch 1 at ~2k keys, split): the
+    launch takes it (masked loops unpipelined) and matches the float64 reference -- ragged lengths (a masked
+    tail), leftpad / a left window (a masked front), paged."""
+    arch = arch_for(torch.empty(0, device="cuda"))
+    if not tuning.decode_masked_stages(arch, 128):
+        pytest.skip(f"{arch.name} has no DECODE_MASKED_STAGES row at d128")
+    seen = []
+    real_launch = decode.launch
+    monkeypatch.setattr(decode, "launch", lambda kernel, cfg, grid0, grid, args, kwargs: seen.append(
+        (cfg["num_stages"], kwargs.get("MASKED_STAGES", 0))) or real_launch(kernel, cfg, grid0, grid, args, kwargs))
+    decode.forget_plans()
+    for cache, lens in ((2000, [1999]), (2048, [1301])):
+        q, k_cache, v_cache, _, _, kw, _ = make_case(
+            "cuda", dtype=torch.bfloat16, b=1, hq=32, hk=8, d=128, cache=cache, page=16 if feature == "paged" else None,
+            leftpad=feature == "leftpad", window=(700, -1) if feature == "window" else (-1, -1), causal=True,
+            seed=37, fixed_lens=lens)
+        ref64, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, **kw)
+        ref_lp, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, upcast=False, **kw)
+        out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+        assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
+    want_stages = tuning.get_decode_config(arch, 128)["decode"]["num_stages"]
+    assert seen and all(s == (want_stages, tuning.decode_masked_stages(arch, 128)) for s in seen), seen
+    decode.forget_plans()
+
+
+@pytest.mark.gpu
 def test_resized_replays_equal_the_full_path():
     """On the GPU the resized plan replays the recorded CompiledKernel with the new capacity ints: bit
     for bit the full path's (JIT) result at that capacity, for a split call and an unsplit one."""
@@ -1277,3 +1305,54 @@ def test_fused_merge_under_graph_capture(monkeypatch, warm_on_capture_stream):
         launched, launched_lse = call()
     torch.testing.assert_close(out, launched, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse, launched_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("feature", ["plain", "leftpad", "window", "paged"])
+def test_unpipelined_masked_loops(device, monkeypatch, feature):
+    """tables.DECODE_MASKED_STAGES runs the masked front / tail loops unpipelined (MASKED_STAGES), split or not,
+    the unmasked loop as the table tile says.  Ragged lengths (a masked tail), leftpad or a left window (a masked
+    front), paged: every call matches the float64 reference."""
+    arch = arch_for(torch.empty(0, device=device))
+    family = tuning.family_of(arch)
+    row = tuning._decode_row(arch, 32)["head_dim"]
+    table_n = tuning.get_decode_config(arch, 32)["decode"]["BLOCK_N"]
+    monkeypatch.setitem(tables.DECODE_MASKED_STAGES, family, {row: 1})
+    monkeypatch.setattr(tuning, "_DECODE_RESOLVED", {})
+    seen = []
+    real_launch = decode.launch
+    monkeypatch.setattr(decode, "launch", lambda kernel, cfg, grid0, grid, args, kwargs: seen.append(
+        (cfg["num_stages"], kwargs.get("MASKED_STAGES"))) or real_launch(kernel, cfg, grid0, grid, args, kwargs))
+    decode.forget_plans()
+    torch.manual_seed(29)
+    b, hq, hk, d = 2, 8, 2, 32
+    cache = 4 * table_n
+    q = torch.randn(b, 1, hq, d, device=device, dtype=torch.float16)
+    k_cache = torch.randn(b, cache, hk, d, device=device, dtype=torch.float16)
+    v_cache = torch.randn(b, cache, hk, d, device=device, dtype=torch.float16)
+    kw = dict(cache_seqlens=_i32(device, cache - 5, 2 * table_n + 3))
+    window = (-1, -1)
+    if feature == "leftpad":
+        kw["cache_leftpad"] = _i32(device, 3, table_n + 7)
+    if feature == "window":
+        window = (table_n + 9, -1)
+    if feature == "paged":
+        page = 16
+        n_pages = b * cache // page
+        perm = torch.randperm(n_pages, device=device)
+        kw["block_table"] = perm.view(b, -1).to(torch.int32)
+        k_pages = torch.empty(n_pages, page, hk, d, device=device, dtype=torch.float16)
+        v_pages = torch.empty_like(k_pages)
+        k_pages[perm] = k_cache.reshape(n_pages, page, hk, d)
+        v_pages[perm] = v_cache.reshape(n_pages, page, hk, d)
+    for splits, checked in ((2, True), (1, True), (4, True), (0, False)):
+        before = len(seen)
+        if feature == "paged":
+            out = fa_amd.flash_attn_with_kvcache(q, k_pages, v_pages, num_splits=splits, window_size=window, **kw)
+        else:
+            out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=splits, window_size=window, **kw)
+        if checked:
+            assert seen[before:] == [(tuning.get_decode_config(arch, 32)["decode"]["num_stages"], 1)]
+        ref_kw = {k_: v_ for k_, v_ in kw.items() if k_ != "block_table"}
+        ref, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, window_size=window, **ref_kw)
+        assert (out.double() - ref).abs().max() < 2e-3, (feature, splits)
+    decode.forget_plans()

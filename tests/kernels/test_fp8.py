@@ -111,6 +111,41 @@ def test_descaled_fp8_inputs_dense(device, b, sq, sk, hq, hk, d, opts):
     assert_within_emulation("lse", lse[finite], ref_lse[finite], emu_lse[finite], torch.float32)
 
 
+@pytest.mark.parametrize("return_probs", [False, True])
+def test_descales_are_read_in_place_with_their_strides(device, return_probs):
+    """The kernels read the caller's descales where they lie (score_mods.load_head_descales; no packed
+    copy): transposed and sliced descales give the contiguous ones' outputs bit for bit, an absent one
+    (strides 0) those of explicit ones, and every (batch, KV head) takes its own scales (a wrong stride
+    would swap them: GQA 3:1, the q descale per KV head as in FA3)."""
+    q, k, v = _fresh(2, 19, 6, 32, device=device), _fresh(2, 23, 2, 32, device=device), _fresh(2, 23, 2, 32,
+                                                                                              device=device)
+    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
+    qd, kd, vd = (x * torch.tensor([[1.0, 2.0], [0.5, 4.0]], device=device) for x in (qd, kd, vd))
+
+    def run(qd, kd, vd):
+        return fa_amd.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                      return_attn_probs=return_probs)
+
+    def strided(x):  # the same values in a transposed tensor, and one in every other column of a wider one
+        wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=device)
+        wide[:, ::2] = x
+        return x.t().contiguous().t(), wide[:, ::2]
+
+    want = run(qd, kd, vd)
+    for i in range(2):
+        got = run(*(strided(x)[i] for x in (qd, kd, vd)))
+        for g, w in zip(got if return_probs else (got,), want if return_probs else (want,)):
+            assert torch.equal(g, w)
+    ones = torch.ones_like(kd)
+    assert torch.equal(run(qd, kd, None)[0] if return_probs else run(qd, kd, None),
+                       run(qd, kd, ones)[0] if return_probs else run(qd, kd, ones))
+    # the values these descales mean (not the original inputs': the descales were rescaled), within P's FP8
+    # rounding (2**-4 relative, module doc) and bf16's
+    emu, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), causal=True)
+    out = want[0] if return_probs else want
+    assert (out.double() - emu).abs().max().item() <= (2 ** -4 + OUT_EPS[torch.bfloat16]) * emu.abs().max().item()
+
+
 def test_descaled_fp8_inputs_with_sinks(device):
     """Learnable sinks on the FP8 path (forward only): the sink joins the denominator that the FP8
     kernel sums in P * 2**FP8_P_LOG2 units (kernels/forward.py scales the sink's start term too);
