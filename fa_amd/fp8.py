@@ -185,11 +185,12 @@ def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
 
 
 def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nheads_q: int) -> Tensor:
-    """The kernels' descale operand: fp32 (batch, nheads_q, 3), contiguous, holding each query head's
-    q descale and its KV head's k and v descales (score_mods.load_descales).  q_descale is
-    (batch, nheads_q) or (batch, nheads_k); k_descale and v_descale are (batch, nheads_k)."""
+    """The decode kernels' descale operand (kv_append_kernel, decode_kernel; the prefill kernels read the three
+    tensors in place, score_mods.load_head_descales): fp32 (batch, nheads_q, 3), contiguous, holding each query
+    head's q descale and its KV head's k and v descales (score_mods.load_descales).  q_descale is (batch,
+    nheads_q) or (batch, nheads_k); k_descale and v_descale are (batch, nheads_k)."""
     # One launch (the stack of expanded views; the ones of absent descales are expanded views too): each
-    # small launch sat inside a timed FP8 call, 2-3 us of GPU time apiece, and a GQA call made seven
+    # small launch sits inside a timed call, 2-3 us of GPU time apiece, and a GQA call made seven
     batch, nheads_k = k_descale.shape
     group = nheads_q // max(nheads_k, 1)
     shape = (batch, nheads_k, group)

@@ -19,10 +19,10 @@ power-of-two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (192 = 128 + 6
 has a second tile beside it, and S sums two dots.  0 (one chunk, padded to D_PAD) compiles as before.
 
 FP8 (fa_amd/fp8.py) is a dtype path of the same kernels: FP8 is a constexpr read off Q's
-element type; the descale operand scales S and the output, P is rounded to V's fp8 type
+element type; the caller's descales (read in place) scale S and the output, P is rounded to V's fp8 type
 for the P.V dot (score_mods.load_head_descales / p_shift), and dense V may be token-major per
 head (stride_vn == 1, rows stride_vd apart: tables.FP8_V_TOKEN_MAJOR).  Other dtypes
-compile exactly as before (stride_vd == 1, descale unused).
+compile exactly as before (stride_vd == 1, descales unused).
 """
 import threading
 
