@@ -129,6 +129,24 @@ def test_kernel_switches(cache_dir):
     assert all("RELOAD_CHUNK" not in c for c in autotune.candidates(SM90, "fwd", TABLES["sm90"][1]["fwd"], 128))
 
 
+def test_dkdv_col_bounds_where_the_tables_say(cache_dir):
+    """DKDV_COL_BOUNDS (TUNING_NOTES v29) is on for sm90's d128 non-causal dK/dV launches under triton < 3.7 only:
+    off for causal ones (they lost), for newer Triton (more stack, untimed), for other head dims and families."""
+    from fa_amd import tuning
+
+    row = tuning.row_for(TABLES["sm90"], 128)["dkdv"]
+    for version, causal, on in (((3, 6, 0), False, 1), ((3, 2, 0), False, 1), ((3, 6, 0), True, 0),
+                                ((3, 7, 0), False, 0), ((3, 9, 0), True, 0)):
+        cfg = tuning.resolve_entry(row, causal=causal, kernel="dkdv", triton_version=version)
+        assert cfg["DKDV_COL_BOUNDS"] == on, (version, causal, cfg)
+    for arch in (GFX942, Arch("cuda", "sm80", 32), GFX1100):
+        for d in (64, 128, 256):
+            assert get_config(arch, "dkdv", d)["DKDV_COL_BOUNDS"] == 0
+    for d in (64, 256):
+        assert get_config(SM90, "dkdv", d)["DKDV_COL_BOUNDS"] == 0
+    assert "DKDV_COL_BOUNDS" not in get_config(SM90, "dq", 128)
+
+
 def test_ensure_tuned_is_a_noop_without_gpu_or_env(cache_dir, monkeypatch):
     monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
     autotune.ensure_tuned(GFX942, 128)  # env off: nothing happens
