@@ -72,25 +72,6 @@ def prepared(shape, method):
     return fwd_bwd, (q, k, v), bwd, arm
 
 
-def bwd_round_ms(bwd, arm, grads, calls):
-    """Median GPU ms of `calls` backward calls, each after its forward (untimed) and an L2 flush."""
-    flush = bench.l2_flush("zero")
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    bench._clear_grads(grads)
-    arm()
-    bwd()  # warm again after the other variants' rounds (their launch plans were dropped by apply)
-    for start, end in events:
-        bench._clear_grads(grads)
-        arm()
-        flush()
-        start.record()
-        bwd()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    return times[len(times) // 2]
-
-
 def dry_run():
     """Each variant's fwd+bwd through the interpreter: same gradients as the table's kernel."""
     for shape in ROWS:
@@ -135,7 +116,7 @@ def main():
                 apply(changes)
                 times[(name, "fwd+bwd")].append(bench.gpu_round_ms(fwd_bwd, grads, 8))
                 if TIME_BWD:
-                    times[(name, "bwd")].append(bwd_round_ms(bwd, arm, grads, 8))
+                    times[(name, "bwd")].append(bench.gpu_round_ms(bwd, grads, 8, before=arm))
         for (name, mode), ts in times.items():
             ms = statistics.median(ts)
             flops = (2.5 if mode == "bwd" else 3.5) * shape.fwd_flops()

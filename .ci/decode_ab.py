@@ -166,29 +166,14 @@ def round_ms(fn, calls, flush=bench_decode.DECODE_L2_FLUSH):
     return bench.gpu_round_ms(fn, (), calls, flush)
 
 
-def time_row(row, candidates, with_sdpa=True):
+def time_row(row, candidates, label, with_sdpa=True):
     """{candidate name: median-round GB/s} of one row, candidates (and SDPA) in interleaved rounds."""
     q, k, v = bench_decode._decode_inputs(row, torch.bfloat16 if DEVICE == "cuda" else torch.float32, DEVICE)
     calls = {name_of(*c): make_call(row, q, k, v, *c) for c in candidates}
     if with_sdpa:
         calls["sdpa"] = bench_decode._decode_call("sdpa", row, q, k, v, DEVICE)
-    per_round = {}
-    for name, fn in calls.items():  # compile, and size the rounds
-        fn()
-        per_round[name] = bench._calls_per_round(round_ms(fn, 3))
-    times = {name: [] for name in calls}
-    names = list(calls)
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(round_ms(calls[name], per_round[name]))
+    out = time_flushed(row, calls, (bench_decode.DECODE_L2_FLUSH,), label)
     apply()
-    out = {}
-    for name, ts in times.items():
-        ms = statistics.median(ts)
-        gbs = row.kv_bytes() / (ms * 1e-3) / 1e9
-        out[name] = gbs
-        print(json.dumps(dict(row=row.label, candidate=name, us=round(ms * 1e3, 2), gbs=round(gbs, 1),
-                              rounds_us=[round(t * 1e3, 2) for t in ts])), flush=True)
     del q, k, v, calls
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -213,15 +198,15 @@ def capture(fn):
     return graph.replay, (graph, kept)
 
 
-def time_flushed(row, calls, flush_modes, label):
+def time_flushed(row, calls, flush_modes, label, rounds=None):
     """{name: median-round GB/s} for named fns `calls` ({name: fn}), each after each flush mode, all
-    (name, flush) pairs in interleaved rounds."""
+    (name, flush) pairs in `rounds` (default ROUNDS) interleaved rounds; one JSON line per (name, flush)."""
     cases = {f"{name} flush={mode}" if len(flush_modes) > 1 else name: (fn, mode)
              for name, fn in calls.items() for mode in flush_modes}
     per_round = {name: bench._calls_per_round(round_ms(fn, 3, flush)) for name, (fn, flush) in cases.items()}
     times = {name: [] for name in cases}
     names = list(cases)
-    for r in range(ROUNDS):
+    for r in range(ROUNDS if rounds is None else rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn, flush = cases[name]
             times[name].append(round_ms(fn, per_round[name], flush))
@@ -289,7 +274,7 @@ def main():
     if "tiles" in STAGES:  # 1. tiles
         stage = {}
         for row in the_rows:
-            stage[row.label] = time_row(row, [(t, None, None) for t in TILES])
+            stage[row.label] = time_row(row, [(t, None, None) for t in TILES], "tiles")
         results["stages"]["tiles"] = stage
         scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))
                   if name != "sdpa"}
@@ -300,7 +285,8 @@ def main():
     if "splits" in STAGES:  # 2. split rule on the winning tile (the rows where splits matter: batch 1 and 8)
         stage = {}
         for row in [r for r in the_rows if r.batch <= 8]:
-            stage[row.label] = time_row(row, [(best_tile, rule, None) for rule in SPLIT_RULES], with_sdpa=False)
+            stage[row.label] = time_row(row, [(best_tile, rule, None) for rule in SPLIT_RULES], "splits",
+                                        with_sdpa=False)
         results["stages"]["splits"] = stage
         if stage:
             scores = {name: geomean([stage[r][name] for r in stage]) for name in next(iter(stage.values()))}
@@ -310,7 +296,7 @@ def main():
         stage = {}
         paging_rows = ((1, 32768), (8, 8192), (8, 32768), (64, 2048), (64, 8192)) if not DRY_RUN else ((2, 70),)
         for row in [r for r in the_rows if (r.batch, r.cache) in paging_rows]:
-            stage[row.label] = time_row(row, [(best_tile, None, page) for page in PAGES], with_sdpa=False)
+            stage[row.label] = time_row(row, [(best_tile, None, page) for page in PAGES], "paging", with_sdpa=False)
         results["stages"]["paging"] = stage
     if "merge" in STAGES:  # 4. the split merge in the decode kernel vs its own launch, SDPA in the same rounds
         stage = {}
@@ -319,7 +305,7 @@ def main():
         splits = {}
         for row in the_rows:
             decode.forget_plans()
-            stage[row.label] = time_row(row, [(best_tile, rule, None, m) for m in MERGES])
+            stage[row.label] = time_row(row, [(best_tile, rule, None, m) for m in MERGES], "merge")
             splits[row.label] = sorted({plan.grid[1] for plan in decode._PLANS.values()})  # (grid: tiles, splits, b)
         results["stages"]["merge"] = stage
         results["merge_splits"] = splits

@@ -17,7 +17,6 @@ $OUT/decode_b1_ab.json when OUT is set.  ROUNDS (env, default 5), ROWS (env, e.g
 """
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -26,12 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.argv += [] if "--stages" in sys.argv else ["--stages", "kernel"]  # (decode_ab parses argv at import)
 
 import fa_amd  # noqa: E402
-from fa_amd import bench, bench_decode, tuning  # noqa: E402
+from fa_amd import bench_decode, tuning  # noqa: E402
 from fa_amd.kernels import decode  # noqa: E402
 from fa_amd.tuning import tables  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import decode_ab  # noqa: E402  (capture, round_ms, FAMILY, DEVICE, DRY_RUN)
+import decode_ab  # noqa: E402  (capture, time_flushed, FAMILY, DEVICE, DRY_RUN)
 
 ROUNDS = int(os.environ.get("ROUNDS", 5))
 DRY_RUN = decode_ab.DRY_RUN
@@ -115,19 +114,9 @@ def run_row(row):
         assert err < 2e-2, (row.label, name, err)
     replay, held = decode_ab.capture(bench_decode._decode_call("sdpa", row, q, k, v, DEVICE))
     graphs["sdpa"], _ = replay, keep.append(held)
-    per_round = {n: bench._calls_per_round(decode_ab.round_ms(fn, 3, FLUSH)) for n, fn in graphs.items()}
-    times = {n: [] for n in graphs}
-    names = list(graphs)
-    for r in range(ROUNDS):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            times[n].append(decode_ab.round_ms(graphs[n], per_round[n], FLUSH))
-    result = {}
-    for n, ts in times.items():
-        ms = statistics.median(ts)
-        result[n] = dict(us=round(ms * 1e3, 2), gbs=round(row.kv_bytes() / (ms * 1e-3) / 1e9, 1),
-                         launch=launches.get(n, ""))
-        print(json.dumps(dict(row=row.label, variant=n, **result[n], rounds_us=[round(t * 1e3, 2) for t in ts])),
-              flush=True)
+    gbs = decode_ab.time_flushed(row, graphs, (FLUSH,), "b1", rounds=ROUNDS)  # (prints a JSON line per variant)
+    result = {n: dict(us=round(row.kv_bytes() / (g * 1e3), 2), gbs=round(g, 1), launch=launches.get(n, ""))
+              for n, g in gbs.items()}
     del q, k, v, graphs, keep
     if DEVICE == "cuda":
         torch.cuda.empty_cache()

@@ -7,7 +7,6 @@ bf16, GQA 32/8, d128, one query token.
     python .ci/decode_lens_probe.py
 """
 import os
-import statistics
 import sys
 
 import torch
@@ -17,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.argv += ["--stages", "kernel"]
 
 import fa_amd  # noqa: E402
-from fa_amd import bench, bench_decode  # noqa: E402
+from fa_amd import bench_decode  # noqa: E402
 import decode_ab  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", 5))
@@ -41,16 +40,8 @@ def main():
             replay, held = decode_ab.capture(fn)
             graphs[name] = replay
             keep.append(held)
-        per_round = {n: bench._calls_per_round(decode_ab.round_ms(g, 3)) for n, g in graphs.items()}
-        times = {n: [] for n in graphs}
-        names = list(graphs)
-        for r in range(ROUNDS):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                times[n].append(decode_ab.round_ms(graphs[n], per_round[n]))
-        cells = []
-        for n, ts in times.items():
-            ms = statistics.median(ts)
-            cells.append(f"{n} {ms * 1e3:8.2f} us ({row.kv_bytes() / (ms * 1e-3) / 1e9:6.0f} GB/s)")
+        gbs = decode_ab.time_flushed(row, graphs, (decode_ab.FLUSH,), "lens", rounds=ROUNDS)
+        cells = [f"{n} {row.kv_bytes() / (g * 1e3):8.2f} us ({g:6.0f} GB/s)" for n, g in gbs.items()]
         print(f"# {row.label:14s} " + " | ".join(cells), flush=True)
         for name in ("none", "tensor"):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -59,7 +50,8 @@ def main():
                 torch.cuda.synchronize()
             for ev in prof.key_averages():
                 if ev.device_type == torch.autograd.DeviceType.CUDA and ev.count:
-                    print(f"#     {name:7s} {ev.key[:60]:60s} x{ev.count // 3} {ev.device_time_total / ev.count:8.2f} us")
+                    per_call = ev.device_time_total / ev.count
+                    print(f"#     {name:7s} {ev.key[:60]:60s} x{ev.count // 3} {per_call:8.2f} us")
         del graphs, keep, q, k, v
         torch.cuda.empty_cache()
 

@@ -625,15 +625,20 @@ def _calls_per_round(est_ms: float) -> int:
     return max(1, min(calls, int(MAX_ROUND_MS / max(est_ms, 1e-3))))
 
 
-def gpu_round_ms(fn, grads, calls: int, flush: str = "zero") -> float:
+def gpu_round_ms(fn, grads, calls: int, flush: str = "zero", before=None) -> float:
     """Median GPU milliseconds of `calls` calls, each after an L2 flush (`flush`: l2_flush), timed with
-    CUDA events; `grads` are reset before each call so a backward assigns instead of accumulating."""
+    CUDA events; `grads` are reset before each call so a backward assigns instead of accumulating.
+    `before`: run untimed ahead of each call and its flush (e.g. the forward whose backward `fn` is)."""
     flush_l2 = l2_flush(flush)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     _clear_grads(grads)
+    if before is not None:
+        before()
     fn()  # warm again after the other methods' rounds
     for start, end in events:
         _clear_grads(grads)
+        if before is not None:
+            before()
         flush_l2()
         start.record()
         fn()
