@@ -436,9 +436,9 @@ def attention_fwd_fp8(
 
 
 @attention_fwd_fp8.register_fake
-def _attention_fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                            softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
-                            out_dtype, sinks=None):
+def _attention_fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                            rng_state, return_probs, out_dtype, sinks=None):
     if cu_seqlens_q is not None:
         batch, hq = cu_seqlens_q.shape[0] - 1, q.shape[1]
         lse = q.new_empty((hq, q.shape[0]), dtype=torch.float32)

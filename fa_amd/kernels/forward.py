@@ -527,7 +527,8 @@ def kept_nan_flags(q, shape) -> torch.Tensor:
 
 def forget_nan_flags(q):
     """Drop this stream and thread's kept NaN flags (a forward whose fix-up did not run may have left marks); the
-    next masked forward gets a new zeroed buffer.  (The dropped one stays allocated: a launch still queued may use it.)"""
+    next masked forward gets a new zeroed buffer.  (The dropped one stays allocated: a launch still queued may use
+    it.)"""
     dropped = _NAN_FLAGS.pop(_nan_flags_key(q), None)
     if dropped is not None:
         _RETIRED_NAN_FLAGS.append(dropped)

@@ -286,8 +286,8 @@ def decode_many_rule(arch: Arch, head_dim_padded: int):
 def decode_masked_stages(arch: Arch, head_dim_padded: int) -> int:
     """tables.DECODE_MASKED_STAGES for the decode row `head_dim_padded` resolves to: the pipeline stages of the
     decode kernel's masked key loops (0: as the launch's num_stages)."""
-    return tables.DECODE_MASKED_STAGES.get(_decode_family(arch), {}).get(_decode_row(arch, head_dim_padded)["head_dim"],
-                                                                         0)
+    row = _decode_row(arch, head_dim_padded)["head_dim"]
+    return tables.DECODE_MASKED_STAGES.get(_decode_family(arch), {}).get(row, 0)
 
 
 def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:

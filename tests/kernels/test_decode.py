@@ -957,9 +957,9 @@ def test_a_growing_cache_takes_its_plan_with_the_new_capacity(device, monkeypatc
 
 def test_many_short_programs_take_the_many_tile(device, monkeypatch):
     """tables.DECODE_MANY: an unsplit launch with at least min_programs_per_sm programs per SM over at most
-    max_keys keys runs the family's "many" tile (here another key block than the table's), others the table's; a growing dense cache
-    that crosses max_keys takes a full path there, not the last plan with the other tile.  Every step matches
-    a float64 reference."""
+    max_keys keys runs the family's "many" tile (here another key block than the table's), others the table's; a
+    growing dense cache that crosses max_keys takes a full path there, not the last plan with the other tile.
+    Every step matches a float64 reference."""
     family = tuning.family_of(arch_for(torch.empty(0, device=device)))
     row = tuning._decode_row(arch_for(torch.empty(0, device=device)), 32)["head_dim"]
     table_n = tuning.get_decode_config(arch_for(torch.empty(0, device=device)), 32)["decode"]["BLOCK_N"]
