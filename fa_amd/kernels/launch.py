@@ -364,12 +364,13 @@ class CompiledLaunch:
 
     def _signature(self, tensors):
         # The dtype too: a plan's key may leave an argument's dtype open (an int32 or int64 index tensor), and the
-        # compiled kernel reads each dtype differently.
+        # compiled kernel reads each dtype differently.  is_cuda (HIP tensors too): `launch` hands the launcher
+        # bare addresses, so the launcher's own refusal of a host tensor happens here instead.
         # (list comprehensions: a generator's frame costs more than the test itself, ~35 tensors per fwd+bwd)
         if self.hip:
-            return tuple([(t.dtype, t.data_ptr() % 16 == 0, t.untyped_storage().size() <= MAX_ROW_OFFSET)
+            return tuple([(t.dtype, t.data_ptr() % 16 == 0, t.is_cuda, t.untyped_storage().size() <= MAX_ROW_OFFSET)
                           for t in tensors])
-        return tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+        return tuple([(t.dtype, t.data_ptr() % 16 == 0, t.is_cuda) for t in tensors])
 
     def fits(self, tensors) -> bool:
         """Whether Triton would specialise `tensors` as it did the recorded call's."""
@@ -386,11 +387,15 @@ class CompiledLaunch:
     def launch(self, tensors, stream=None):
         """`run` without the specialisation check (the caller made it)."""
         values = self.values.copy()
-        for slot, t in zip(self.slots, tensors):
-            values[slot] = t
-        if stream is None or _launch_hooks(self.hooks):
+        if stream is None or _launch_hooks(self.hooks):  # (hooks may read the tensors)
+            for slot, t in zip(self.slots, tensors):
+                values[slot] = t
             self.runner(*values, stream=stream)
         else:
+            # Device addresses instead of tensors: given an int, Triton's launcher (3.2-3.9, CUDA and HIP) skips
+            # the data_ptr() call and the driver's pointer query it makes per tensor argument.
+            for slot, t in zip(self.slots, tensors):
+                values[slot] = t.data_ptr()
             run, x, y, z, function, packed_metadata = self.direct
             run(x, y, z, stream, function, packed_metadata, None, None, None, *values)
 

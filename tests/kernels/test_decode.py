@@ -840,12 +840,11 @@ def test_compiled_launch_orders_arguments_and_guards_specialisation(monkeypatch,
     assert not launch.run((base[1:9], y2, s2)) and len(compiled.calls) == 1  # 4-byte offset: not aligned
     assert not launch.run((x2.double(), y2, s2)) and len(compiled.calls) == 1  # another dtype: other code
     # with a stream and no launch hook registered, the launcher itself: the runner's leading arguments
-    # (no launch metadata, no hooks), then the same values
+    # (no launch metadata, no hooks), then the same values, tensors as their device addresses
     assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 1
     lead, values = compiled.direct[-1][:9], compiled.direct[-1][9:]
     assert lead == (3, 1, 1, 77, "function", "metadata", None, None, None)
-    assert len(values) == len(want) and all(a is b if isinstance(b, torch.Tensor) else a == b
-                                            for a, b in zip(values, want))
+    assert list(values) == [b.data_ptr() if isinstance(b, torch.Tensor) else b for b in want]
     hooks = launch.hooks  # a profiler's hook registered: through the runner, which hands it the metadata
     monkeypatch.setattr(hooks, "launch_enter_hook", lambda metadata: None)
     assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 2 and len(compiled.direct) == 1
@@ -896,6 +895,33 @@ def test_replayed_decode_launches_equal_the_jit_launches(sinks):
     # (another specialisation is other machine code: equal up to rounding, not bit for bit)
     for a, b in zip(call(misaligned), call(q)):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_replay_refuses_a_host_tensor():
+    """Replays hand Triton's launcher bare device addresses: a host tensor in a device plan's slot is refused
+    by the replay's check and reaches the JIT, which raises (no launch on a host address), and the next
+    device call still replays right."""
+    from fa_amd.kernels import decode as dec
+
+    torch.manual_seed(5)
+    k_cache = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    lens = torch.tensor([300, 41], dtype=torch.int32, device="cuda")
+
+    def call(q, lens):
+        return dec.decode_forward(q, k_cache, v_cache, 0.125, -1, -1, 0.0, None, cache_seqlens=lens)[0]
+
+    dec.forget_plans()
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16)
+    call(q, lens)
+    call(q, lens)  # the replay exists now
+    with pytest.raises(Exception, match="(?i)cpu|host|pointer"):
+        call(q, lens.cpu())
+    torch.cuda.synchronize()
+    ref = attention_kvcache_ref(q.double(), k_cache.double(), v_cache.double(), cache_seqlens=lens,
+                                softmax_scale=0.125)[0]
+    torch.testing.assert_close(call(q, lens).double(), ref, atol=2e-3, rtol=0)
 
 
 def test_plan_hits_with_sinks_and_splits_equal_the_full_path(device):

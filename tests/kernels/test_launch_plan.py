@@ -72,7 +72,8 @@ def test_plan_replays_with_the_new_call_tensors():
     x2, y2, s2 = base[48:56], base[64:72], base[80:88]
     assert plan.run(dict(inp=x2, out=y2, scratch=s2))
     (grid, args), = kernel.compiled.replays
-    assert grid == (3, 2, 1) and args[0] is x2 and args[1] is y2 and args[2] == 7 and args[3] is s2
+    # the launcher itself gets device addresses (it then neither calls data_ptr() nor queries the driver)
+    assert grid == (3, 2, 1) and args[:4] == (x2.data_ptr(), y2.data_ptr(), 7, s2.data_ptr())
     assert kernel.jit_calls == [(3, 2)]  # nothing went through the JIT again
 
 
@@ -85,6 +86,32 @@ def test_plan_refuses_a_tensor_triton_would_specialise_differently():
     assert not kernel.compiled.replays
 
 
+def test_a_registered_launch_hook_gets_the_tensors(monkeypatch):
+    """With a launch hook registered (a profiler), replays go through the runner with the tensors themselves."""
+    base = torch.zeros(256)
+    x, y, s = base[:8], base[16:24], base[32:40]
+    kernel = _Kernel()
+    plan = L.LaunchPlan(_record(kernel, x, y, s), dict(inp=x, out=y, scratch=s), hip=False)
+    monkeypatch.setattr(L, "_launch_hooks", lambda home: True)
+    x2, y2, s2 = base[48:56], base[64:72], base[80:88]
+    assert plan.run(dict(inp=x2, out=y2, scratch=s2))
+    (_, args), = kernel.compiled.replays
+    assert args[0] is x2 and args[1] is y2 and args[3] is s2
+
+
+def test_a_host_tensor_is_refused_where_a_device_tensor_was_recorded(monkeypatch):
+    """The launcher would take a host tensor's bare address without complaint: the replay check refuses it
+    (the JIT launch then raises Triton's own error)."""
+    base = torch.zeros(256)
+    x, y, s = base[:8], base[16:24], base[32:40]
+    kernel = _Kernel()
+    plan = L.LaunchPlan(_record(kernel, x, y, s), dict(inp=x, out=y, scratch=s), hip=False)
+    launch, _ = plan.launches[0]
+    launch.signature = tuple((dtype, aligned, True) for dtype, aligned, _ in launch.signature)  # as if recorded on a GPU
+    assert not plan.run(dict(inp=base[48:56], out=base[64:72], scratch=base[80:88]))
+    assert not kernel.compiled.replays
+
+
 def test_a_same_tensor_in_two_slots_maps_to_one_name():
     """Launchers pass q where a tensor argument is absent (cu_seqlens of a dense call): one name."""
     base = torch.zeros(256)
@@ -94,7 +121,7 @@ def test_a_same_tensor_in_two_slots_maps_to_one_name():
     x2 = base[48:56]
     assert plan.run(dict(q=x2, scratch=base[80:88]))
     (_, args), = kernel.compiled.replays
-    assert args[0] is x2 and args[1] is x2
+    assert args[0] == args[1] == x2.data_ptr()
 
 
 def test_no_plan_for_an_unnamed_tensor_or_an_uncompiled_launch():
