@@ -67,6 +67,8 @@ MERGES = ["fused", "launch"]
 # stage 5: tiles (None: the table's) x explicit key splits (0: the tabled rule) by batch
 KERNEL_TILES = [None, (64, 4, 2), (64, 8, 3), (64, 2, 4), (128, 4, 2), (128, 4, 3), (128, 8, 2), (32, 4, 4)]
 KERNEL_SPLITS = {1: [0, 4, 8, 12, 16, 32], 8: [0, 1, 2, 4], 64: [0]}
+if os.environ.get("SPLITS_B1"):  # e.g. SPLITS_B1="0 2 4 6 8": stage 5's split counts at batch 1
+    KERNEL_SPLITS[1] = [int(x) for x in os.environ["SPLITS_B1"].split()]
 if os.environ.get("TABLE_TILE_ONLY") == "1":  # stage 5 over split counts only (e.g. another head dim's row)
     KERNEL_TILES = [None]
 FLUSHES = bench.L2_FLUSHES

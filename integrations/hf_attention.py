@@ -320,6 +320,12 @@ def fa_amd_attention_forward(
 
     Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
     """
+    step_key = None
+    if attention_mask is None and cu_seq_lens_q is None and cu_seq_lens_k is None:
+        step_key = _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal,
+                                    kwargs)
+        if step_key is not None and step_key in _decode_kernels()._PLANS:
+            return _planned_decode_step(query, key, value, scaling, sliding_window, softcap, step_key), None
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
@@ -390,7 +396,7 @@ def fa_amd_attention_forward(
     # varlen route packs the kept keys, so gaps in the mask (a left-padded chunk after the cache) would shrink it)
     windowed = window_size[0] >= 0 and attention_mask is not None
     if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k, any_length=windowed):
-        out = _decode_attention(query, key, value, attention_mask, common)
+        out = _decode_attention(query, key, value, attention_mask, common, step_key)
         return (out if v_head_dim == head_dim else out[..., :v_head_dim]), None
     flash_attn_func, flash_attn_varlen_func = _kernels()
     if attention_mask is not None:
@@ -512,8 +518,9 @@ def _decode_bounds(mask: torch.Tensor):
 _FILL_MASK = "fa_amd_fill_mask"
 
 
-def _decode_attention(query, key, value, attention_mask, common):
-    """The new tokens' attention over the cache (flash layout), by the split-KV decode kernel."""
+def _decode_attention(query, key, value, attention_mask, common, step_key=None):
+    """The new tokens' attention over the cache (flash layout), by the split-KV decode kernel; its plan is also
+    filed under `step_key` (_decode_step_key) where that is given."""
     from fa_amd.kvcache import decode_attention
 
     start = end = key_mask = None
@@ -537,7 +544,55 @@ def _decode_attention(query, key, value, attention_mask, common):
     sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
     out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
                               right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
-                              sinks=sinks, need_lse=False)
+                              sinks=sinks, need_lse=False, alias_key=step_key if sinks is None else None)
+    return out
+
+
+_DECODE_KERNELS = []
+
+
+def _decode_kernels():
+    """fa_amd.kernels.decode (imported on the first decode step, as the rest of the kernels are)."""
+    if not _DECODE_KERNELS:
+        from fa_amd.kernels import decode
+
+        _DECODE_KERNELS.append(decode)
+    return _DECODE_KERNELS[0]
+
+
+def _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal, kwargs):
+    """The key a plain decode step's launch plan is filed under (kernels/decode.decode_forward's alias_key), or
+    None where the call is not one: generate()'s steps without a padding mask, sinks, paged cache, dtype casts,
+    padded V, gradients or tracing.  The full path of the first call of a structure checks it and files the plan;
+    the key holds everything that path derives the launch from (shapes and strides of the (batch, heads, seq,
+    head_dim) tensors, which fix those of its flash-layout views, dtype, device, scale, window, softcap,
+    causality), so a later call with the same key takes _planned_decode_step."""
+    if torch.compiler.is_compiling() or (kwargs and not HARMLESS_KWARGS.issuperset(kwargs)):
+        return None  # (traced calls take the custom ops; sinks, a paged cache, anything else: the full path)
+    dtype = query.dtype
+    if (dtype is torch.float32 or key.dtype is not dtype or value.dtype is not dtype or query.ndim != 4
+            or value.shape[-1] != query.shape[-1] or key.stride(-1) != 1 or value.stride(-1) != 1
+            or (dropout and getattr(module, "training", False))):
+        return None
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return None
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    return ("hf decode step", query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), dtype,
+            query.get_device(), key.get_device(), scaling, sliding_window, softcap, causal)
+
+
+def _planned_decode_step(query, key, value, scaling, sliding_window, softcap, step_key):
+    """fa_amd_attention_forward's decode route for a call whose plan is filed under `step_key`: the same decode
+    call without the glue that derived it (its checks passed for this structure; nothing in it depends on
+    tensor values)."""
+    from fa_amd.kvcache import decode_attention
+
+    causal = step_key[-1]
+    left, right = sliding_window_to_window_size(sliding_window, causal, key.shape[2])
+    out, _ = decode_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                              query.shape[-1] ** -0.5 if scaling is None else float(scaling), left,
+                              0 if causal else right, 0.0 if softcap is None else float(softcap), need_lse=False,
+                              plan_key=step_key)
     return out
 
 

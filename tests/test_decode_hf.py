@@ -41,18 +41,23 @@ def prompts(device, padded: bool):
     return ids, mask
 
 
-@pytest.fixture
-def decode_calls(monkeypatch):
-    """Counts the decode kernel's calls (the HF glue imports decode_attention at call time)."""
+def _query_shapes_of_calls(monkeypatch, owner, name):
+    """The shapes of the first argument (q) of every call to owner.name from now on."""
     calls = []
-    real = kvcache.decode_attention
+    real = getattr(owner, name)
 
     def spy(*args, **kwargs):
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kvcache, "decode_attention", spy)
+    monkeypatch.setattr(owner, name, spy)
     return calls
+
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """Counts the decode kernel's calls (the HF glue imports decode_attention at call time)."""
+    return _query_shapes_of_calls(monkeypatch, kvcache, "decode_attention")
 
 
 def greedy(model, attn, ids, mask, new_tokens, compile_backend=None, **kwargs):
@@ -427,6 +432,55 @@ def test_bench_decode_and_generate_smoke(tmp_path):
 
 
 # --------------------------------------------------------------------------- GPU (bf16, real compile)
+
+def test_unmasked_decode_steps_take_their_filed_plan(device, decode_calls, monkeypatch):
+    """generate() with a dynamic cache and no padding: each step's first layer takes the full path (the cache
+    grew by one key) and files its plan under the step's key; the second layer's call, of the same structure,
+    takes that plan without the glue -- still through the decode kernel, with the same tokens as the full path
+    every time, and as eager."""
+    from fa_amd.kernels import decode
+
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16  # (the interpreter's bf16 dot is not exact)
+    model = tiny_llama(device, dtype)
+    ids, mask = prompts(device, padded=False)
+    ref = greedy(model, "eager", ids, mask, 5)
+    taken = _query_shapes_of_calls(monkeypatch, hf_attention, "_planned_decode_step")
+    out = greedy(model, "fa_amd", ids, mask, 5)
+    assert len(taken) == 4 and all(shape[2] == 1 for shape in taken)  # 4 steps after the prefill, layer 2 each
+    assert sum(1 for shape in decode_calls if shape[1] == 1) == 2 * 4  # both layers, every step: the decode kernel
+    decode.forget_plans()
+    monkeypatch.setattr(hf_attention, "_decode_step_key", lambda *args: None)  # the full path every time
+    full = greedy(model, "fa_amd", ids, mask, 5)
+    assert torch.equal(out, full)
+    assert torch.equal(out[:, :3], ref[:, :3]), f"fa_amd {out.tolist()} != eager {ref.tolist()}"
+
+
+def test_decode_step_keys_leave_out_what_the_plan_cannot_cover():
+    """No step key (the full path every call) for casts, padded V, a strided head dim, gradients, dropout
+    while training, or kwargs that are not bookkeeping (sinks, a paged cache); keys differ in every input the
+    full path derives the launch from."""
+    module = torch.nn.Module().eval()
+    q = torch.randn(2, 4, 1, 16, dtype=torch.float16)
+    k = torch.randn(2, 2, 9, 16, dtype=torch.float16)
+    v = torch.randn_like(k)
+
+    def key(q=q, k=k, v=v, dropout=0.0, scaling=None, window=None, softcap=None, causal=None, kwargs=None):
+        return hf_attention._decode_step_key(module, q, k, v, dropout, scaling, window, softcap, causal,
+                                             kwargs or {})
+
+    assert key() is not None and key() == key(kwargs={"position_embeddings": None, "use_cache": True})
+    assert key(q=q.float(), k=k.float(), v=v.float()) is None  # fp32: the autocast / PEFT casts
+    assert key(k=k.to(torch.bfloat16)) is None and key(v=v[..., :8]) is None
+    assert key(k=torch.randn(2, 2, 9, 32, dtype=torch.float16)[..., ::2]) is None
+    assert key(kwargs={"s_aux": torch.zeros(4)}) is None and key(kwargs={"cache": object()}) is None
+    module.train()
+    assert key(dropout=0.1) is None and key() is not None
+    with torch.enable_grad():
+        assert key(q=q.clone().requires_grad_()) is None
+    variants = [key(), key(scaling=0.3), key(window=4), key(softcap=5.0), key(causal=False), key(k=k[:, :, :8]),
+                key(q=q.transpose(1, 3).contiguous().transpose(1, 3))]
+    assert len(set(variants)) == len(variants)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

@@ -667,18 +667,18 @@ _SPLIT_COUNTERS = {}
 _RETIRED_COUNTERS = []
 
 
-def _counters_for(q, n: int, stream, own: bool) -> torch.Tensor:
+def _counters_for(q, n: int, stream, own: bool, capturing=None) -> torch.Tensor:
     """The zeroed split counters of a fused-merge launch: the stream's cached buffer, or (own) a fresh one."""
-    return torch.zeros(n, dtype=torch.int32, device=q.device) if own else _split_counters(q, n, stream)
+    return torch.zeros(n, dtype=torch.int32, device=q.device) if own else _split_counters(q, n, stream, capturing)
 
 
 def _current_stream(q):
     """The raw handle of the stream a launch goes to (the current device's current stream, as Triton's
     launcher looks it up), once per decode call: the counters' key and the replayed launches share it."""
-    return current_stream() if q.device.type == "cuda" else None
+    return current_stream() if q.is_cuda else None
 
 
-def _split_counters(q, n: int, stream=None) -> torch.Tensor:
+def _split_counters(q, n: int, stream=None, capturing=None) -> torch.Tensor:
     """At least n int32 counters, all zero, for a fused-merge decode launch on q's device and stream.
 
     The kernel leaves them zero (its last split program of each tile resets its counter), so one
@@ -689,11 +689,13 @@ def _split_counters(q, n: int, stream=None) -> torch.Tensor:
     on that stream (replays one after another on any stream are fine).  Grown (outside capture) to
     the next power of two, the old buffer kept alive (a graph may hold it); a capture that needs a
     bigger buffer than its stream has gets a fresh zeroed one (the memset is captured with the graph,
-    so it is right at every replay) that nothing else uses."""
+    so it is right at every replay) that nothing else uses.  `capturing`: whether the stream is
+    capturing, where the caller has asked already."""
     if stream is None:
         stream = _current_stream(q)
-    return kept_zeros(_SPLIT_COUNTERS, _RETIRED_COUNTERS, (q.device, stream), n, q.device,
-                      capturing=stream is not None and torch.cuda.is_current_stream_capturing())
+    if capturing is None:
+        capturing = stream is not None and torch.cuda.is_current_stream_capturing()
+    return kept_zeros(_SPLIT_COUNTERS, _RETIRED_COUNTERS, (q.device, stream), n, q.device, capturing=capturing)
 
 
 def _rotated_q(q, cos, sin, interleaved, per_token, cache_seqlens, cache_seqlens_int):
@@ -872,9 +874,9 @@ def _plan_buffers(plan: _DecodePlan, q, stream, need_lse: bool, fresh: bool):
     the same buffer shapes share one set per stream (_SCRATCH; a CPU call's "stream" is None) -- but only
     where one launch both writes and reads them: with a merge launch after the decode launch, another
     thread's call on the same stream could land between the two and overwrite the partials.  `fresh`
-    (the custom op under torch.compile) or graph capture (the graph owns its buffers): new buffers."""
+    (the custom op under torch.compile, or graph capture: the graph owns its buffers): new buffers."""
     two_launches = plan.part_shapes is not None and not plan.counters
-    if fresh or two_launches or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if fresh or two_launches:
         return _new_buffers(plan, q)
     key = (q.get_device(), stream, plan.lse_shape, plan.part_shapes)
     kept = _SCRATCH.get(key)
@@ -900,8 +902,9 @@ def _dtype_of(t):
 def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
               key_mask, sinks, descale, own_counters=False, need_lse=True):
     stream = _current_stream(q)
+    capturing = stream is not None and torch.cuda.is_current_stream_capturing()  # (asked once per call)
     out = new_output(q, plan.out_shape, plan.out_dtype)
-    lse, out_part, lse_part = _plan_buffers(plan, q, stream, need_lse, own_counters)
+    lse, out_part, lse_part = _plan_buffers(plan, q, stream, need_lse, own_counters or capturing)
     tensors = _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, None, cache_seqlens, None, None,
                               cache_leftpad, cache_batch_idx, block_table, key_mask, None, None, None)
     extra = {}
@@ -910,7 +913,7 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
     if descale is not None:
         extra["Descale"] = descale
     if plan.counters:
-        extra["SplitCounters"] = _counters_for(q, plan.counters, stream, own_counters)
+        extra["SplitCounters"] = _counters_for(q, plan.counters, stream, own_counters, capturing)
     _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra, stream)
     if plan.part_shapes is not None and not plan.counters:
         _launch_replayed(plan, "merge", split_merge_kernel, plan.merge_grid, (out, lse, out_part, lse_part),
@@ -923,7 +926,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                    rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None, plan_key=None,
-                   own_counters=False, need_lse=True):
+                   own_counters=False, need_lse=True, alias_key=None):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -945,7 +948,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     of the stream's cached buffer (the custom op under torch.compile: a buffer first made inside
     cudagraph trees' warm-up would live in their memory pool, which they refuse); it also takes fresh scratch
     buffers (_plan_buffers).  `need_lse` False: the caller does not read the lse, which may then be scratch;
-    None is returned for it.
+    None is returned for it.  `alias_key`: a second key to file this call's plan under, for later calls to pass
+    as their `plan_key` (it must determine everything this function's own key holds: Transformers' decode
+    step, integrations/hf_attention._decode_step_key).
     """
     structure = sized = None  # this function's own key's capacity-free part, for a dense cache (_RESIZABLE)
     whole_cache = cache_seqlens is None and cache_seqlens_int is None
@@ -968,6 +973,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
             sized = _sized_ints(k_cache, v_cache, key_mask, whole_cache)
             plan = _resized_plan(structure, sized, q, window_left, num_splits, plan_key)
         if plan is not None:
+            if alias_key is not None:
+                _remember(_PLANS, alias_key, plan)
             return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, cache_leftpad, cache_batch_idx, block_table,
                              key_mask, sinks, descale, own_counters, need_lse)
     q_varlen = cu_seqlens_q is not None
@@ -1102,4 +1109,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         if structure is not None:  # (sized: computed for the _resized_plan that missed)
             _remember(_RESIZABLE, _resizable_key(structure, sized, window_left),
                       _Resizable(plan, policy, programs, block_n, many_rule, many))
+        if alias_key is not None:
+            _remember(_PLANS, alias_key, plan)
     return out, (lse if need_lse else None)
+
