@@ -318,7 +318,10 @@ def _decode_inputs(p: Problem, q_fp8: bool = False, kv_fp8: bool = False) -> Dic
               window_right=0 if p.right else -1, softcap=30.0 if p.softcap else 0.0,
               alibi_slopes=torch.rand(hq) if p.alibi else None, num_splits=_DECODE_SPLITS.get(v, 1))
     if kv_fp8:
-        kw.update(descale=torch.ones(batch, hk, 3, dtype=torch.float32), out_dtype=dtype)
+        # (q, k, v) descales per (batch, KV head), read in place by the kernels; a high-precision q has none (a
+        # ones view with strides 0, as fa_amd.fp8 passes it)
+        q_descale = torch.ones(batch, hk) if q_fp8 else torch.ones(1).expand(batch, hk)
+        kw.update(descale=(q_descale, torch.ones(batch, hk), torch.ones(batch, hk)), out_dtype=dtype)
     q_dtype = fp8_dtype if q_fp8 else dtype
     if v == "varlen":
         kw.update(q=torch.zeros(seqlen_q + 1, hq, d, dtype=q_dtype), max_seqlen_q=seqlen_q,

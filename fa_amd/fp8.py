@@ -184,32 +184,14 @@ def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
     return q_descale
 
 
-def pack_descales(q_descale: Tensor, k_descale: Tensor, v_descale: Tensor, nheads_q: int) -> Tensor:
-    """The decode kernels' descale operand (kv_append_kernel, decode_kernel; the prefill kernels read the three
-    tensors in place, score_mods.load_head_descales): fp32 (batch, nheads_q, 3), contiguous, holding each query
-    head's q descale and its KV head's k and v descales (score_mods.load_descales).  q_descale is (batch,
-    nheads_q) or (batch, nheads_k); k_descale and v_descale are (batch, nheads_k)."""
-    # One launch (the stack of expanded views; the ones of absent descales are expanded views too): each
-    # small launch sits inside a timed call, 2-3 us of GPU time apiece, and a GQA call made seven
-    batch, nheads_k = k_descale.shape
-    group = nheads_q // max(nheads_k, 1)
-    shape = (batch, nheads_k, group)
-    if q_descale.shape[1] == nheads_q:
-        q_descale = q_descale.reshape(shape)
-    else:
-        q_descale = q_descale.unsqueeze(-1).expand(shape)
-    parts = [x.float() for x in (q_descale, k_descale.unsqueeze(-1).expand(shape),
-                                 v_descale.unsqueeze(-1).expand(shape))]
-    return torch.stack(parts, dim=-1).view(batch, nheads_q, 3)
-
-
 # --------------------------------------------------------------------------- FP8 KV cache (fa_amd.kvcache)
 
 def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, out_dtype, batch: int,
                      q_name: str = "q", cache_names=("k_cache", "v_cache"), new_names=("k", "v")):
     """The FP8 arguments of flash_attn_with_kvcache (and of paged flash_attn_varlen_func) checked:
-    (descale, out_dtype), descale fp32 (batch, nheads_k, 3) contiguous for the decode kernels; (None,
-    None) for a call with no FP8 tensor and no FP8 option.
+    (descale, out_dtype), descale the fp32 (q_descale, k_descale, v_descale), each (batch, nheads_k), which
+    the decode kernels read in place (an absent one a ones view); (None, None) for a call with no FP8 tensor
+    and no FP8 option.
 
     Rules: k_cache and v_cache share one FP8 type the arch has a dot product for (tables.FP8_DTYPES);
     q is FP8 of that type (q_descale applies) or fp16 / bf16 / fp32 (K and V are widened to its dtype
@@ -279,7 +261,7 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
                                  f"[{x.min().item()}, {x.max().item()}]")
     if out_dtype is None:
         out_dtype = torch.bfloat16 if q_fp8 else q.dtype
-    return pack_descales(*descales, nheads_k), _check_out_dtype(out_dtype)
+    return tuple(descales), _check_out_dtype(out_dtype)
 
 
 # --------------------------------------------------------------------------- quantisation

@@ -42,9 +42,10 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 def _append_op(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
                cache_seqlens_int: Optional[int], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
-               descale: Optional[Tensor] = None) -> None:
+               q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+               v_descale: Optional[Tensor] = None) -> None:
     _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-            rotary_sin, rotary_interleaved, descale)
+            rotary_sin, rotary_interleaved, q_descale, k_descale, v_descale)
 
 
 @_append_op.register_fake
@@ -60,12 +61,13 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, softmax_scale: float
                cache_leftpad: Optional[Tensor], cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                key_mask: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
                rotary_interleaved: bool, rotary_per_token: bool, num_splits: int,
-               sinks: Optional[Tensor], descale: Optional[Tensor] = None,
-               out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+               sinks: Optional[Tensor], q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+               v_descale: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     return decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
-                          rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype,
+                          rotary_interleaved, rotary_per_token, num_splits, sinks,
+                          _descales(q_descale, k_descale, v_descale), out_dtype,
                           own_counters=True)  # (see decode_forward: the compiled graph may run in cudagraph trees)
 
 
@@ -75,15 +77,20 @@ def _(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, al
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    out_dtype = args[17] if len(args) > 17 and args[17] is not None else q.dtype  # (decode_attention passes all)
+    out_dtype = args[19] if len(args) > 19 and args[19] is not None else q.dtype  # (decode_attention passes all)
     return q.new_empty(q.shape, dtype=out_dtype), lse
 
 
+def _descales(q_descale, k_descale, v_descale):
+    """The ops' three descale arguments as the kernels' `descale` (None: not an FP8 call)."""
+    return None if k_descale is None else (q_descale, k_descale, v_descale)
+
+
 def _append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-            rotary_sin, rotary_interleaved, descale=None):
+            rotary_sin, rotary_interleaved, q_descale=None, k_descale=None, v_descale=None):
     cfg = get_decode_config(arch_for(k), head_dim_padded(k.shape[-1]), k.dtype == torch.float32)["append"]
     kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-              rotary_sin, rotary_interleaved, cfg, descale)
+              rotary_sin, rotary_interleaved, cfg, _descales(q_descale, k_descale, v_descale))
 
 
 def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes=None,
@@ -98,7 +105,7 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
     `need_lse` False: the caller drops the lse, which the eager path then returns as None; `alias_key`: see
     decode_forward)."""
     if torch.compiler.is_compiling():
-        fp8 = (descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
+        fp8 = (*descale, out_dtype) if descale is not None else ()  # (a non-FP8 call passes what it always did)
         return _decode_op(q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
@@ -441,7 +448,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if seqlen_new:
         append = _append_op if torch.compiler.is_compiling() else _append
         append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table, rotary_cos,
-               rotary_sin, rotary_interleaved, *((descale,) if fp8 else ()))
+               rotary_sin, rotary_interleaved, *(descale if fp8 else ()))
     out, lse = decode_attention(
         q, k_cache, v_cache, scale, left, right, softcap, alibi_slopes,
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,

@@ -45,7 +45,8 @@ def test_fp8_launches_carry_fp8_types_and_tables():
     assert call.kwargs["matrix_instr_nonkdim"] == 32  # the entry's "fp8" override
     a, call = _call("gfx942", "decode_fp8", d=256)
     assert a["Q"].dtype == a["K"].dtype == torch.float8_e4m3fnuz and a["Out"].dtype == torch.bfloat16
-    assert a["Descale"].shape == (2, 2, 3) and a["FP8_MAX"] == 240.0
+    assert all(a[n].shape == (2, 2) and a[n].dtype == torch.float32 for n in ("QDescale", "KDescale", "VDescale"))
+    assert (a["stride_qdb"], a["stride_kdh"]) == (2, 1) and a["FP8_MAX"] == 240.0  # read in place, at their strides
     assert a["PAGED"] and a["SPLIT"] and a["ROTARY"] and a["HAS_SINKS"] and a["HAS_LEFTPAD"]
     a, _ = _call("sm90", "decode_fp8kv", "plain", d=64)
     assert a["Q"].dtype == torch.bfloat16 and a["K"].dtype == torch.float8_e4m3fn and a["FP8_MAX"] == 448.0

@@ -20,7 +20,8 @@ cache_seqlens + seqlen_new (or the varlen length).  Causal / window / ALiBi posi
 key indices, diagonal at k_end - seqlen_q, which equals flash-attn's leftpad-relative convention.
 
 FP8 KV cache (fa_amd/fp8.py checks the arguments): a dtype path of the same kernels, read off the
-caches' element type.  Descale holds fp32 (q, k, v) descales per (sequence, KV head); S is scaled by
+caches' element type.  The fp32 (q, k, v) descales, one per (sequence, KV head) each, are read where
+the caller keeps them (QDescale / KDescale / VDescale and their strides); S is scaled by
 q_descale * k_descale (folded into the score scales) and the output by v_descale.  FP8 q (same
 type as the caches) dots FP8 K directly and P is rounded to V's FP8 type as in the prefill
 forward (score_mods.p_shift); a high-precision q dots K and V widened to q's dtype.  The append
@@ -47,7 +48,7 @@ from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, kept_zeros, launch, \
     new_output, score_args
 from .rotary import rotary_forward
-from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_descales, p_shift, saturate, score_log2, \
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_head_descales, p_shift, saturate, score_log2, \
     sink_init
 
 
@@ -102,10 +103,11 @@ def kv_append_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
     SEQLENS_TENSOR: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    Descale=None, FP8_MAX: tl.constexpr = 0.0,
+    QDescale=None, KDescale=None, VDescale=None, stride_qdb=None, stride_qdh=None, stride_kdb=None,
+    stride_kdh=None, stride_vdb=None, stride_vdh=None, FP8_MAX: tl.constexpr = 0.0,
 ):
     """k/v[b, t] -> cache slot cache_seqlens[b] + t of sequence b (k rotated there when ROTARY).
-    An FP8 cache takes high-precision k/v quantised with Descale (module doc), FP8 k/v as they are."""
+    An FP8 cache takes high-precision k/v quantised with their descales (module doc), FP8 k/v as they are."""
     CACHE_FP8: tl.constexpr = KCache.dtype.element_ty.is_fp8()
     NEW_FP8: tl.constexpr = KNew.dtype.element_ty.is_fp8()
     pid_t = tl.program_id(0)
@@ -143,7 +145,9 @@ def kv_append_kernel(
     v = tl.load(v_rows + offs_d[None, :], mask=ok2, other=0.0)
     if CACHE_FP8:
         if not NEW_FP8:  # quantise: x / descale of (sequence, KV head), saturated
-            _, k_descale, v_descale = load_descales(Descale, b, hk, tl.num_programs(1), CACHE_FP8)
+            _, k_descale, v_descale = load_head_descales(QDescale, KDescale, VDescale, b, hk, hk, stride_qdb,
+                                                         stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                                                         True, CACHE_FP8)
             k = k.to(tl.float32) / k_descale
             v = saturate(v.to(tl.float32) / v_descale, FP8_MAX)
         if ROTARY or not NEW_FP8:  # (a rotated FP8 key may leave the type's range too)
@@ -279,8 +283,10 @@ def decode_kernel(
     ROTARY: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr, SPLIT: tl.constexpr,
     IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-    Sinks=None, HAS_SINKS: tl.constexpr = False, Descale=None, FP8_MAX: tl.constexpr = 0.0,
-    SplitCounters=None, FUSED_MERGE: tl.constexpr = False, MASKED_STAGES: tl.constexpr = 0,
+    Sinks=None, HAS_SINKS: tl.constexpr = False, QDescale=None, KDescale=None, VDescale=None, stride_qdb=None,
+    stride_qdh=None, stride_kdb=None, stride_kdh=None, stride_vdb=None, stride_vdh=None,
+    FP8_MAX: tl.constexpr = 0.0, SplitCounters=None, FUSED_MERGE: tl.constexpr = False,
+    MASKED_STAGES: tl.constexpr = 0,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -293,7 +299,7 @@ def decode_kernel(
     program of each tile to finish merges the tile's partials itself (_last_split_merges).
     Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
     adds them instead, so each row counts its sink once.
-    FP8 caches (and q) with Descale (batch, n_kv_heads, 3): module doc.
+    FP8 caches (and q) with their descales, each (batch, n_kv_heads) at its strides: module doc.
     MASKED_STAGES (tables.DECODE_MASKED_STAGES): the masked key loops' pipeline stages (0: as num_stages); with it
     the masked front loop is emitted only where a left window or leftpad can mask the front.
     """
@@ -305,7 +311,9 @@ def decode_kernel(
     b64 = b.to(tl.int64)
     KV_FP8: tl.constexpr = K.dtype.element_ty.is_fp8()
     Q_FP8: tl.constexpr = Q.dtype.element_ty.is_fp8()
-    q_descale, k_descale, v_descale = load_descales(Descale, b, hk, n_kv_heads, KV_FP8)
+    q_descale, k_descale, v_descale = load_head_descales(QDescale, KDescale, VDescale, b, hk, hk, stride_qdb,
+                                                         stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                                                         True, KV_FP8)
     if KV_FP8:  # S = (q . k8) * q_descale * k_descale: folded into the scalar score scales
         qk_scale_log2 = qk_scale_log2 * (q_descale * k_descale)
         softcap_div = softcap_div * (q_descale * k_descale)
@@ -612,20 +620,38 @@ def _takes_many_tile(rule, programs: int, splits: int, capacity: int, sms: int) 
     return rule is not None and splits == 1 and programs >= rule[0] * sms and capacity <= rule[1]
 
 
+# the decode and append kernels' descale tensor parameters (each call's own tensors: a plan's replay slots)
+_DESCALE_PARAMS = ("QDescale", "KDescale", "VDescale")
+
+
+def _descale_tensors(descale) -> dict:
+    """The descale tensor arguments of an FP8 call (parameter name -> tensor; none without FP8)."""
+    return {} if descale is None else dict(zip(_DESCALE_PARAMS, descale))
+
+
+def _descale_layout(descale):
+    """The descales' strides (the kernels take them as ints), for a plan's key; None without FP8."""
+    return None if descale is None else tuple(t.stride() for t in descale)
+
+
 def _fp8_kwargs(cache, descale):
     """The FP8 kernels' extra launch arguments for an FP8 cache with its descales (none otherwise:
-    launches without them compile to the same code as before FP8 existed)."""
+    launches without them compile to the same code as before FP8 existed): the three tensors, read in
+    place (score_mods.load_head_descales), and their (batch, KV head) strides."""
     if descale is None:
         return {}
-    return dict(Descale=descale, FP8_MAX=float(torch.finfo(cache.dtype).max))
+    qd, kd, vd = descale
+    return dict(_descale_tensors(descale), stride_qdb=qd.stride(0), stride_qdh=qd.stride(1), stride_kdb=kd.stride(0),
+                stride_kdh=kd.stride(1), stride_vdb=vd.stride(0), stride_vdh=vd.stride(1),
+                FP8_MAX=float(torch.finfo(cache.dtype).max))
 
 
 def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,
               rotary_cos, rotary_sin, rotary_interleaved, cfg, descale=None):
     """Writes k/v (batch, seqlen_new, hk, d) into the caches at cache_seqlens (tensor, else the int),
     through cache_batch_idx or the block table, rotating k when rotary_cos/sin are given.  No sync.
-    FP8 caches come with `descale`, fp32 (batch, hk, 3) contiguous: high-precision k/v are quantised
-    with its k and v columns (module doc)."""
+    FP8 caches come with `descale`, the fp32 (q, k, v) descales, each (batch, hk) at any strides:
+    high-precision k/v are quantised with the k and v ones (module doc)."""
     batch, seqlen_new, hk, d = k.shape
     if batch == 0 or seqlen_new == 0 or hk == 0:
         return
@@ -910,8 +936,7 @@ def _run_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens, cache_leftp
     extra = {}
     if sinks is not None:
         extra["Sinks"] = sinks
-    if descale is not None:
-        extra["Descale"] = descale
+    extra.update(_descale_tensors(descale))
     if plan.counters:
         extra["SplitCounters"] = _counters_for(q, plan.counters, stream, own_counters, capturing)
     _launch_replayed(plan, "decode", decode_kernel, plan.grid, tensors, plan.ints, plan.kwargs, extra, stream)
@@ -937,8 +962,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     capacity) + seqlen_new already-appended ones, or cu_seqlens_k / seqused_k lengths; from
     cache_leftpad[b] on; key_mask (batch, >= keys) uint8 drops single keys; sinks: fp32 (hq,)
     learnable sink logits.  lse: (batch, hq, seqlen_q) fp32, (hq, total_q) for varlen q.
-    FP8 caches (q FP8 of their type, or high precision) come with `descale`, fp32 (batch, hk, 3)
-    contiguous (q, k, v descales per sequence and KV head), and out_dtype (fa_amd.fp8 checks them).
+    FP8 caches (q FP8 of their type, or high precision) come with `descale`, the fp32 (q, k, v) descales per
+    sequence and KV head, each (batch, hk) at any strides (read in place), and out_dtype (fa_amd.fp8 checks
+    them).
 
     Decode is host-bound at small batches: the common call (dense or paged cache, with or without a
     per-key mask -- Transformers' decode route; no rotary, ALiBi or varlen) reuses a memoized
@@ -960,7 +986,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                      k_cache.dtype, None if block_table is None else (block_table.shape, block_table.stride()),
                      _dtype_of(key_mask), _dtype_of(cache_seqlens), cache_seqlens_int,
                      seqlen_new, _dtype_of(cache_leftpad), _dtype_of(cache_batch_idx),
-                     _dtype_of(block_table), sinks is None, descale is None,
+                     _dtype_of(block_table), sinks is None, _descale_layout(descale),
                      out_dtype, softmax_scale, window_left, window_right, softcap, num_splits,
                      tables.DECODE_FUSED_MERGE_FAMILIES)
         plan_key = (structure, k_cache.shape[1], k_cache.stride(), v_cache.stride(),
@@ -1099,7 +1125,8 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         out.masked_fill_(tail[:, None, None], 0.0)
         lse.masked_fill_(tail[None, :], float("inf"))
     if plan_key is not None and fitted is not None:  # (an AOT recorder's launch returns no config)
-        launch_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("Sinks", "Descale", "SplitCounters")}
+        launch_kwargs = {k_: v_ for k_, v_ in kwargs.items()
+                         if k_ not in ("Sinks", "SplitCounters") + _DESCALE_PARAMS}
         launch_kwargs.update(BLOCK_M=fitted["BLOCK_M"], BLOCK_N=fitted["BLOCK_N"],
                              **{k_: v_ for k_, v_ in fitted.items() if k_ not in ("BLOCK_M", "BLOCK_N")})
         plan = _remember(_PLANS, plan_key, _DecodePlan(

@@ -175,28 +175,13 @@ FP8_P_SCALE = tl.constexpr(128.0)  # 2**FP8_P_LOG2
 
 
 @triton.jit
-def load_descales(Descale, b, h, nheads, FP8: tl.constexpr):
-    """(q, k, v) descale of (batch b, query head h): Descale is fp32 (batch, nheads, 3), contiguous,
-    holding each query head's q descale and its KV head's k and v descales; 1.0 without FP8."""
-    q_descale = 1.0
-    k_descale = 1.0
-    v_descale = 1.0
-    if FP8:
-        ptr = Descale + (b.to(tl.int64) * nheads + h) * 3
-        q_descale = tl.load(ptr)
-        k_descale = tl.load(ptr + 1)
-        v_descale = tl.load(ptr + 2)
-    return q_descale, k_descale, v_descale
-
-
-@triton.jit
 def load_head_descales(QDescale, KDescale, VDescale, b, h, hk, stride_qdb, stride_qdh, stride_kdb, stride_kdh,
                        stride_vdb, stride_vdh, Q_DESCALE_PER_KV_HEAD: tl.constexpr, FP8: tl.constexpr):
     """(q, k, v) descale of (batch b, query head h, KV head hk), read from the caller's own fp32 tensors
     (any strides; an absent descale is a one-element ones tensor with strides 0): k and v per (batch, KV
     head), q per (batch, query head) or, with Q_DESCALE_PER_KV_HEAD, per (batch, KV head) as in FA3.
-    Reading them in place saves the FP8 forward call a stacking launch (2-3 us of GPU time, TUNING_NOTES
-    v27).  1.0 without FP8."""
+    Reading them in place saves the FP8 forward and decode calls a stacking launch (2-3 us of GPU time,
+    TUNING_NOTES v27).  1.0 without FP8 (then every argument may be None)."""
     q_descale = 1.0
     k_descale = 1.0
     v_descale = 1.0

@@ -199,6 +199,50 @@ def test_fp8_kvcache_rotary_append(device):
     assert (out.double() - exact).abs().max().item() <= 2 ** -3 * exact.abs().max().item()
 
 
+@pytest.mark.parametrize("q_kind", ["fp8", "fp16"])
+def test_fp8_kvcache_descales_are_read_in_place_with_their_strides(device, q_kind):
+    """The decode and append kernels read the caller's descales where they lie (score_mods.load_head_descales;
+    no packed copy): transposed and sliced descales give the contiguous ones' cache writes and outputs bit for
+    bit, and every (sequence, KV head) takes its own scales (GQA 2:1 over 2 KV heads: a wrong stride would swap
+    them, which the distinct per-head factors expose)."""
+    fp8 = _fp8(device)
+    gen = torch.Generator().manual_seed(11)
+    b, hq, hk, d, cache, new = 2, 4, 2, 32, 37, 2
+    q, kc, vc = _rnd(gen, b, 1, hq, d, device=device), _rnd(gen, b, cache, hk, d, device=device), _rnd(
+        gen, b, cache, hk, d, device=device)
+    k_new, v_new = _rnd(gen, b, new, hk, d, device=device).half(), _rnd(gen, b, new, hk, d, device=device).half()
+    factors = torch.tensor([[1.0, 2.0], [0.5, 4.0]], device=device)
+    kd, vd = _descale([kc, k_new.float()], fp8) * factors, _descale([vc, v_new.float()], fp8) * factors.flip(1)
+    k0, v0 = fp8_scale_ref(kc, kd, fp8), fp8_scale_ref(vc, vd, fp8)
+    q_in, qd = (q.half(), None) if q_kind == "fp16" else _fp8_q(q, hk, fp8)[:2]
+    lens = torch.tensor([3, 30], dtype=torch.int32, device=device)
+
+    def run(qd, kd, vd):
+        k_cache, v_cache = k0.clone(), v0.clone()
+        out = fa_amd.flash_attn_with_kvcache(q_in, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True,
+                                             q_descale=qd, k_descale=kd, v_descale=vd, num_splits=2,
+                                             out_dtype=torch.float32)
+        return out, k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+
+    def strided(x):  # the same values in a transposed tensor, and one in every other column of a wider one
+        if x is None:
+            return None, None
+        wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=device)
+        wide[:, ::2] = x
+        return x.t().contiguous().t(), wide[:, ::2]
+
+    want = run(qd, kd, vd)
+    for i in range(2):
+        got = run(*(strided(x)[i] for x in (qd, kd, vd)))
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    # and the values they mean: float64 attention over what the cache holds after the append
+    q64 = q_in.double() if qd is None else fp8_dequantize_ref(q_in, qd.repeat_interleave(hq // hk, dim=1))
+    k_cache, v_cache = want[1].view(fp8), want[2].view(fp8)
+    exact, _, _, _ = attention_kvcache_ref(q64, _deq(k_cache, kd), _deq(v_cache, vd), cache_seqlens=lens + new,
+                                           causal=True)
+    assert (want[0].double() - exact).abs().max().item() <= 2 ** -3 * exact.abs().max().item()
+
+
 def test_fp8_paged_varlen(device):
     """flash_attn_varlen_func with FP8 q and FP8 pages + block_table (+ seqused_k): the decode kernel's
     FP8 path, one descale per (sequence, KV head)."""
@@ -348,3 +392,29 @@ def test_fp8_kvcache_append_keeps_nan(device):
         hp_k, hp_v = (torch.zeros(b, cap, h, d, device=device).half() for _ in range(2))
         hp_out = fa_amd.flash_attn_with_kvcache(q, hp_k, hp_v, kn, vn, cache_seqlens=lens)
         assert torch.equal(torch.isnan(out), torch.isnan(hp_out)), f"appended {which}: NaN rows differ from fp16"
+
+
+def test_fp8_kvcache_under_torch_compile(device):
+    """Traced, an FP8 cache call takes the custom ops with the three descales as they are (the append's and the
+    decode's): the same output and cache bytes as eager."""
+    fp8 = _fp8(device)
+    gen = torch.Generator().manual_seed(5)
+    b, hq, hk, d, cache = 2, 4, 2, 32, 40
+    q = _rnd(gen, b, 1, hq, d, device=device).half()
+    k_cache, v_cache = (_rnd(gen, b, cache, hk, d, device=device).to(fp8) for _ in range(2))
+    k_new, v_new = (_rnd(gen, b, 1, hk, d, device=device).half() for _ in range(2))
+    kd, vd = (torch.rand(b, hk, generator=gen).to(device) + 0.5 for _ in range(2))
+    lens = torch.tensor([5, 30], dtype=torch.int32, device=device)
+
+    def call(k_cache, v_cache):
+        return fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True,
+                                             k_descale=kd, v_descale=vd.t().contiguous().t(), num_splits=2)
+
+    eager = (k_cache.clone(), v_cache.clone())
+    want = call(*eager)
+    traced = (k_cache.clone(), v_cache.clone())
+    torch._dynamo.reset()
+    got = torch.compile(call, backend="aot_eager", fullgraph=True)(*traced)
+    torch._dynamo.reset()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a.view(torch.uint8), b_.view(torch.uint8)) for a, b_ in zip(traced, eager))

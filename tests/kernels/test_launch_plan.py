@@ -107,7 +107,8 @@ def test_a_host_tensor_is_refused_where_a_device_tensor_was_recorded(monkeypatch
     kernel = _Kernel()
     plan = L.LaunchPlan(_record(kernel, x, y, s), dict(inp=x, out=y, scratch=s), hip=False)
     launch, _ = plan.launches[0]
-    launch.signature = tuple((dtype, aligned, True) for dtype, aligned, _ in launch.signature)  # as if recorded on a GPU
+    # as if recorded on a GPU
+    launch.signature = tuple((dtype, aligned, True) for dtype, aligned, _ in launch.signature)
     assert not plan.run(dict(inp=base[48:56], out=base[64:72], scratch=base[80:88]))
     assert not kernel.compiled.replays
 
