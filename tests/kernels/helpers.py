@@ -95,3 +95,13 @@ def check_varlen(device, dtype, lens_q, lens_k, hq, hk, d, deterministic=False, 
     fn = functools.partial(fa_amd.flash_attn_varlen_func, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                            max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), deterministic=deterministic, **kw)
     return compare_varlen(fn, q, k, v, cu_q, cu_k, **kw)
+
+
+def strided_descales(x):
+    """Two tensors holding x's values (a (batch, heads) descale) at other strides: transposed, and every other
+    column of a wider one (NaN between); (None, None) for None."""
+    if x is None:
+        return None, None
+    wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=x.device)
+    wide[:, ::2] = x
+    return x.t().contiguous().t(), wide[:, ::2]

@@ -38,7 +38,7 @@ from fa_amd.reference import (attention_grads_from_stats, attention_ref, attenti
                               fp8_quantize_ref)
 from fa_amd.tuning import fp8_dtype_names, fp8_v_token_major, tables
 
-from .helpers import cu_seqlens
+from .helpers import cu_seqlens, strided_descales
 
 E4M3 = torch.float8_e4m3fn
 # rounding of the output dtype, relative to max |reference|
@@ -126,14 +126,9 @@ def test_descales_are_read_in_place_with_their_strides(device, return_probs):
         return fa_amd.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
                                       return_attn_probs=return_probs)
 
-    def strided(x):  # the same values in a transposed tensor, and one in every other column of a wider one
-        wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=device)
-        wide[:, ::2] = x
-        return x.t().contiguous().t(), wide[:, ::2]
-
     want = run(qd, kd, vd)
     for i in range(2):
-        got = run(*(strided(x)[i] for x in (qd, kd, vd)))
+        got = run(*(strided_descales(x)[i] for x in (qd, kd, vd)))
         for g, w in zip(got if return_probs else (got,), want if return_probs else (want,)):
             assert torch.equal(g, w)
     ones = torch.ones_like(kd)

@@ -27,7 +27,7 @@ from fa_amd.reference import (attention_kvcache_ref, attention_paged_varlen_ref,
                               fp8_quantize_ref, fp8_scale_ref, rotary_ref)
 from fa_amd.tuning import tables
 
-from .helpers import cu_seqlens
+from .helpers import cu_seqlens, strided_descales
 
 OUT_EPS = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 1e-6}
 
@@ -224,16 +224,9 @@ def test_fp8_kvcache_descales_are_read_in_place_with_their_strides(device, q_kin
                                              out_dtype=torch.float32)
         return out, k_cache.view(torch.uint8), v_cache.view(torch.uint8)
 
-    def strided(x):  # the same values in a transposed tensor, and one in every other column of a wider one
-        if x is None:
-            return None, None
-        wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=device)
-        wide[:, ::2] = x
-        return x.t().contiguous().t(), wide[:, ::2]
-
     want = run(qd, kd, vd)
     for i in range(2):
-        got = run(*(strided(x)[i] for x in (qd, kd, vd)))
+        got = run(*(strided_descales(x)[i] for x in (qd, kd, vd)))
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     # and the values they mean: float64 attention over what the cache holds after the append
     q64 = q_in.double() if qd is None else fp8_dequantize_ref(q_in, qd.repeat_interleave(hq // hk, dim=1))
