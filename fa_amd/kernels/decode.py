@@ -1139,4 +1139,3 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         if alias_key is not None:
             _remember(_PLANS, alias_key, plan)
     return out, (lse if need_lse else None)
-
