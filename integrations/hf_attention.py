@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from fa_amd.kernels.decode import plan_filed
 from fa_amd.memo import memo_per_tensor
 from fa_amd.ops import packed_bounds_from_positions
 
@@ -324,7 +325,7 @@ def fa_amd_attention_forward(
     if attention_mask is None and cu_seq_lens_q is None and cu_seq_lens_k is None:
         step_key = _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal,
                                     kwargs)
-        if step_key is not None and step_key in _decode_kernels()._PLANS:
+        if step_key is not None and plan_filed(step_key):
             return _planned_decode_step(query, key, value, scaling, sliding_window, softcap, step_key), None
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
@@ -546,18 +547,6 @@ def _decode_attention(query, key, value, attention_mask, common, step_key=None):
                               right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
                               sinks=sinks, need_lse=False, alias_key=step_key if sinks is None else None)
     return out
-
-
-_DECODE_KERNELS = []
-
-
-def _decode_kernels():
-    """fa_amd.kernels.decode (imported on the first decode step, as the rest of the kernels are)."""
-    if not _DECODE_KERNELS:
-        from fa_amd.kernels import decode
-
-        _DECODE_KERNELS.append(decode)
-    return _DECODE_KERNELS[0]
 
 
 def _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal, kwargs):

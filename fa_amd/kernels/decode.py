@@ -760,6 +760,11 @@ _PLANS = {}
 _MAX_PLANS = 256
 
 
+def plan_filed(key) -> bool:
+    """Whether a decode plan is filed under `key` (a caller's plan_key, or an alias_key of decode_forward)."""
+    return key in _PLANS
+
+
 def _remember(memo: dict, key, value):
     """memo[key] = value in one of the plan memos (_PLANS, _RESIZABLE), which hold at most _MAX_PLANS entries
     (a full one starts over); returns value."""
