@@ -105,3 +105,15 @@ def strided_descales(x):
     wide = torch.full((x.shape[0], 2 * x.shape[1]), float("nan"), device=x.device)
     wide[:, ::2] = x
     return x.t().contiguous().t(), wide[:, ::2]
+
+
+def check_dropout_alibi(device, causal: bool):
+    """Dropout with ALiBi, fp32 (2, 21, 30, 2, 2, 48): output and gradients against the float64 reference under
+    the dropout mask the kernels report (return_attn_probs), so the backward must regenerate the forward's."""
+    dtype, p = torch.float32, 0.2
+    q, k, v = dense_qkv(device, dtype, 2, 21, 30, 2, 2, 48)
+    slopes = torch.rand(2, device=device) * 0.5 + 0.05
+    out, _, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=p, alibi_slopes=slopes, return_attn_probs=True,
+                                             deterministic=True, causal=causal)
+    kw = dict(alibi_slopes=slopes, dropout_p=p, dropout_mask=s_dmask >= 0, causal=causal)
+    compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)

@@ -15,7 +15,7 @@ from fa_amd.arch import arch_for
 from fa_amd.kernels import backward, launch
 from fa_amd.tuning.tables import TABLES
 
-from .helpers import check_varlen, compare_dense, compare_output, dense_qkv
+from .helpers import check_dropout_alibi, check_varlen, compare_dense, dense_qkv
 
 
 @pytest.fixture
@@ -79,15 +79,7 @@ def test_varlen_gqa_slices(device, bounds_tables, monkeypatch, heads_per_program
 
 def test_dropout_alibi(device, bounds_tables):
     """Dropout with ALiBi (the ALiBi term and the dropout mask from the block's start)."""
-    from fa_amd.reference import attention_ref
-
-    dtype, p = torch.float32, 0.2
-    q, k, v = dense_qkv(device, dtype, 2, 21, 30, 2, 2, 48)
-    slopes = torch.rand(2, device=device) * 0.5 + 0.05
-    out, _, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=p, alibi_slopes=slopes, return_attn_probs=True,
-                                             deterministic=True, causal=True)
-    kw = dict(alibi_slopes=slopes, dropout_p=p, dropout_mask=s_dmask >= 0, causal=True)
-    compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
+    check_dropout_alibi(device, causal=True)
 
 
 @pytest.mark.parametrize("extra", [{"DKDV_SPLIT": 1}, {"RELOAD_CHUNK": 16}], ids=["split", "reload"])

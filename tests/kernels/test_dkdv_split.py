@@ -14,7 +14,7 @@ from fa_amd.arch import arch_for
 from fa_amd.kernels import backward, launch
 from fa_amd.tuning.tables import TABLES
 
-from .helpers import check_varlen, compare_dense, compare_output, dense_qkv
+from .helpers import check_dropout_alibi, check_varlen, compare_dense, dense_qkv
 
 
 @pytest.fixture
@@ -72,15 +72,7 @@ def test_varlen_gqa_slices(device, split_tables, monkeypatch, heads_per_program,
 
 def test_dropout_alibi(device, split_tables):
     """Dropout (the backward regenerates the forward's mask in both program kinds) with ALiBi."""
-    from fa_amd.reference import attention_ref
-
-    dtype, p = torch.float32, 0.2
-    q, k, v = dense_qkv(device, dtype, 2, 21, 30, 2, 2, 48)
-    slopes = torch.rand(2, device=device) * 0.5 + 0.05
-    out, _, s_dmask = fa_amd.flash_attn_func(q, k, v, dropout_p=p, alibi_slopes=slopes, return_attn_probs=True,
-                                             deterministic=True)
-    kw = dict(alibi_slopes=slopes, dropout_p=p, dropout_mask=s_dmask >= 0)
-    compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
+    check_dropout_alibi(device, causal=False)
 
 
 def test_with_reload_chunk(device, split_tables):
