@@ -1,10 +1,11 @@
 """GPU experiment (issue 14, the batch-1 decode rows): how many split partials the fused merge of the decode kernel
-loads per step (kernels/decode.MERGE_UNROLL, a module constexpr), timed as CUDA graph replays of the tabled launch
-(.ci/decode_ab.py stage "kernel": read flush, interleaved rounds, SDPA in the same rounds).  Each value runs in its
-own process (the constexpr is read when the kernel first compiles), so compare each row's fa_amd figure against the
-SDPA figure of the same process.
+loads per step (tables.DECODE_MERGE_STEP: SLOTS rows x splits per step, at most MAX_SPLITS splits; with one query
+token of GQA 32/8, 4 rows), timed as CUDA graph replays of the tabled launch (.ci/decode_ab.py stage "kernel": read
+flush, interleaved rounds, SDPA in the same rounds).  Each setting runs in its own process, so compare each row's
+fa_amd figure against the SDPA figure of the same process.  (Until TUNING_NOTES v31 the knob was
+kernels/decode.MERGE_UNROLL, the two-pass merge's splits per step over all 16 rows of the tile.)
 
-    ROWS=1x2048,1x8192,1x32768 ROUNDS=5 UNROLLS="2 8" python .ci/merge_unroll_ab.py
+    ROWS=1x2048,1x8192,1x32768 ROUNDS=5 STEPS="32/8 64/16 8/2" python .ci/merge_unroll_ab.py
 """
 import importlib.util
 import os
@@ -14,11 +15,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(unroll: int):
-    import triton.language as tl
-
-    from fa_amd.kernels import decode
-    decode.MERGE_UNROLL = tl.constexpr(unroll)
+def child(step: str):
+    from fa_amd.tuning import tables
+    slots, max_splits = (int(x) for x in step.split("/"))
+    tables.DECODE_MERGE_STEP["default"] = {"SLOTS": slots, "MAX_SPLITS": max_splits}
     sys.argv = [sys.argv[0]] + [a for a in sys.argv[1:] if a == "--dry-run"]
     spec = importlib.util.spec_from_file_location("decode_ab", os.path.join(HERE, "decode_ab.py"))
     ab = importlib.util.module_from_spec(spec)
@@ -30,12 +30,12 @@ def child(unroll: int):
 
 
 def main():
-    if os.environ.get("MERGE_UNROLL_CHILD"):
-        child(int(os.environ["MERGE_UNROLL_CHILD"]))
+    if os.environ.get("MERGE_STEP_CHILD"):
+        child(os.environ["MERGE_STEP_CHILD"])
         return
-    for unroll in os.environ.get("UNROLLS", "2 8 4 16").split():
-        print(f"# MERGE_UNROLL={unroll}", flush=True)
-        subprocess.run([sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env=dict(os.environ, MERGE_UNROLL_CHILD=unroll,
+    for step in os.environ.get("STEPS", "32/8 64/16 8/2").split():
+        print(f"# DECODE_MERGE_STEP SLOTS/MAX_SPLITS={step}", flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env=dict(os.environ, MERGE_STEP_CHILD=step,
                        PYTHONPATH=os.path.dirname(HERE)), check=False)
 
 

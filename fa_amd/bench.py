@@ -1141,6 +1141,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                              "KV GB/s and us vs SDPA, FlexAttention, flash_attn")
     parser.add_argument("--generate", action="store_true",
                         help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
+    parser.add_argument("--generate-padded", action="store_true",
+                        help="with --generate: a left-padded batch (prompts of different lengths in one batch)")
     parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
                         default=None, help="peers of the --decode rows (default: all)")
     parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,

@@ -269,15 +269,26 @@ def _generate_model(device, dtype, smoke: bool):
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
+def left_padded_mask(batch: int, prompt: int) -> torch.Tensor:
+    """A left-padded batch's attention mask: row i keeps its last prompt - i * prompt // (2 * batch) tokens
+    (row 0 unpadded, the last row about half padding), as a tokenizer pads prompts of different lengths."""
+    keep = torch.tensor([prompt - i * prompt // (2 * batch) for i in range(batch)])
+    return (torch.arange(prompt)[None, :] >= (prompt - keep)[:, None]).to(torch.long)
+
+
 def run_generate(dtype, device, smoke=False, rounds=bench.ROUNDS, batch=8, prompt=1024, new_tokens=128,
-                 impls=GENERATE_IMPLS, caches=("dynamic", "static"), log=print) -> List[GenerateResult]:
-    """HF generate() new tokens/s per (attention implementation, cache), in interleaved rounds."""
+                 impls=GENERATE_IMPLS, caches=("dynamic", "static"), padded=False, log=print) -> List[GenerateResult]:
+    """HF generate() new tokens/s per (attention implementation, cache), in interleaved rounds.  `padded`: the
+    prompts left-padded to one length (left_padded_mask), as a batch of prompts of different lengths is."""
     if smoke:
         batch, prompt, new_tokens, caches = 2, 12, 3, caches[:1]
     model = _generate_model(device, dtype, smoke)
     gen = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(3, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
-    mask = torch.ones_like(ids)
+    mask = left_padded_mask(batch, prompt).to(device) if padded else torch.ones_like(ids)
+    if padded:
+        ids = ids.masked_fill(mask == 0, model.config.pad_token_id)
+        caches = tuple(f"{c}, left-padded" for c in caches)
 
     def sync():
         if device == "cuda":
@@ -285,7 +296,7 @@ def run_generate(dtype, device, smoke=False, rounds=bench.ROUNDS, batch=8, promp
 
     def run(impl, cache):
         model.set_attn_implementation(impl)
-        kwargs = {} if cache == "dynamic" else dict(cache_implementation="static")
+        kwargs = {} if cache.startswith("dynamic") else dict(cache_implementation="static")
         sync()
         start = time.perf_counter()
         with torch.no_grad():
@@ -316,6 +327,8 @@ def run_generate(dtype, device, smoke=False, rounds=bench.ROUNDS, batch=8, promp
 def generate_markdown(results: List[GenerateResult], smoke: bool) -> str:
     shape = ("tiny smoke model" if smoke else
              "random-init Llama, 8 layers, hidden 2048, 16/4 heads, d128; batch 8, prompt 1024, 128 new tokens")
+    if any(r.cache.endswith("left-padded") for r in results):
+        shape += "; left-padded: row i keeps its last 1024 - 64 i prompt tokens" if not smoke else ""
     caches = list(dict.fromkeys(r.cache for r in results))
     impls = list(dict.fromkeys(r.impl for r in results))
     idx = {(r.impl, r.cache): r for r in results}
@@ -398,7 +411,8 @@ def run_cli(args) -> int:
             print("\n".join(parts))
             return 1
     if args.generate:
-        gen = run_generate(dtype, device, smoke=args.smoke, rounds=rounds)
+        gen = run_generate(dtype, device, smoke=args.smoke, rounds=rounds,
+                           padded=getattr(args, "generate_padded", False))
         payload["generate"] = [asdict(r) for r in gen]
         parts.append(generate_markdown(gen, args.smoke))
         fa_gen = [r for r in gen if r.impl == "fa_amd"]

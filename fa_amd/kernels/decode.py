@@ -42,8 +42,8 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 
 from ..arch import arch_for, num_sms
-from ..tuning import decode_many_rule, decode_masked_stages, family_of, get_decode_config, get_decode_split_policy, \
-    tables
+from ..tuning import decode_many_rule, decode_masked_stages, decode_merge_step, family_of, get_decode_config, \
+    get_decode_split_policy, tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, kept_zeros, launch, \
     new_output, score_args
@@ -286,7 +286,7 @@ def decode_kernel(
     Sinks=None, HAS_SINKS: tl.constexpr = False, QDescale=None, KDescale=None, VDescale=None, stride_qdb=None,
     stride_qdh=None, stride_kdb=None, stride_kdh=None, stride_vdb=None, stride_vdh=None,
     FP8_MAX: tl.constexpr = 0.0, SplitCounters=None, FUSED_MERGE: tl.constexpr = False,
-    MASKED_STAGES: tl.constexpr = 0,
+    MASKED_STAGES: tl.constexpr = 0, MERGE_ROWS: tl.constexpr = 0, MERGE_STEP: tl.constexpr = 2,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -296,7 +296,8 @@ def decode_kernel(
     pages).  With SPLIT each program writes its normalized partial output and log2-sum-exp to
     OutPart / LsePart (split, token, head), merged by split_merge_kernel; else Out / Lse directly.
     FUSED_MERGE (with SPLIT; tables.DECODE_FUSED_MERGE_FAMILIES): no merge launch -- the last split
-    program of each tile to finish merges the tile's partials itself (_last_split_merges).
+    program of each tile to finish merges the tile's partials itself (_last_split_merges), its live rows
+    MERGE_ROWS at a time (0: BLOCK_M), MERGE_STEP splits per step (tuning.decode_merge_step).
     Learnable sinks (HAS_SINKS) start the online softmax (score_mods.sink_init); with SPLIT the merge
     adds them instead, so each row counts its sink once.
     FP8 caches (and q) with their descales, each (batch, n_kv_heads) at its strides: module doc.
@@ -456,16 +457,17 @@ def decode_kernel(
     if SPLIT:
         # (split, token, head) rows of the partial buffers; tokens are numbered over the whole batch
         if Q_VARLEN:
-            t = q_start + tok
+            t0 = q_start
         else:
-            t = b * seqlen_q + tok
-        part_row = (split.to(tl.int64) * total_q + t) * n_heads + h
+            t0 = b * seqlen_q
+        part_row = (split.to(tl.int64) * total_q + t0 + tok) * n_heads + h
         tl.store(OutPart + part_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_ok)
         tl.store(LsePart + part_row, lse2, mask=row_ok)
         if FUSED_MERGE:
-            _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, tok, h, t, offs_d,
-                               q_ok, row_ok, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh,
-                               stride_lb, stride_lh, HEAD_DIM, D_PAD, BLOCK_M, HAS_SINKS)
+            _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, t0, q_len, r0,
+                               hk, GROUP, offs_d, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh,
+                               stride_lb, stride_lh, HEAD_DIM, D_PAD, BLOCK_M, MERGE_ROWS if MERGE_ROWS else BLOCK_M,
+                               MERGE_STEP, HAS_SINKS)
     else:
         # flash-attn convention: a row that sees no key has output 0 and lse +inf
         lse = tl.where(empty_row, float("inf"), lse2 * LN2)
@@ -483,13 +485,15 @@ def _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, q_ok, row_ok,
 
 
 @triton.jit
-def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, tok, h, t, offs_d,
-                       q_ok, row_ok, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
-                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, t0, q_len, r0, hk, GROUP,
+                       offs_d, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_ROWS: tl.constexpr,
+                       MERGE_STEP: tl.constexpr, HAS_SINKS: tl.constexpr):
     """After this program stored its partial: count it in its tile's counter (one int32 per program of
     grid axis 0 and sequence, zero before the launch); the program that arrives last merges every
-    split's partial of the tile, writes Out / Lse, and sets the counter back to 0, so the buffer is
-    zero again after every launch (no memset per call; graph replays included).
+    split's partial of the tile's live rows (r0 on, tokens numbered from t0 over the batch), MERGE_ROWS
+    rows at a time, writes Out / Lse, and sets the counter back to 0, so the buffer is zero again after
+    every launch (no memset per call; graph replays included).
 
     Ordering: the barrier puts every thread's partial stores before the counter RMW, which one thread
     issues (a scalar atomic) with release semantics at GPU scope; the last program's RMW acquires
@@ -499,57 +503,60 @@ def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_
     tl.debug_barrier()
     arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
     if arrived == n_splits - 1:
-        out, lse = _merge_splits(OutPart, LsePart, t.to(tl.int64) * n_heads + h, row_ok, h, total_q * n_heads,
-                                 n_splits, offs_d, Sinks, HEAD_DIM, D_PAD, BLOCK_M, HAS_SINKS)
-        _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, q_ok, row_ok,
-                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh)
+        live_end = r0 + tl.minimum(q_len * GROUP - r0, BLOCK_M)  # (rows past the tile or the tokens: none)
+        for c0 in range(r0, live_end, MERGE_ROWS):
+            offs_r = c0 + tl.arange(0, MERGE_ROWS)
+            row_ok = offs_r < live_end
+            tok = offs_r // GROUP
+            h = hk * GROUP + offs_r % GROUP
+            out, lse = _merge_splits(OutPart, LsePart, (t0 + tok).to(tl.int64) * n_heads + h, row_ok, h,
+                                     total_q * n_heads, n_splits, offs_d, Sinks, HEAD_DIM, D_PAD, MERGE_ROWS,
+                                     HAS_SINKS, MERGE_STEP)
+            _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+                        row_ok, stride_ob, stride_om, stride_oh, stride_lb, stride_lh)
         tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # every split has arrived: nobody else touches it
 
 
-# The split merge's loads, issued together instead of one after another (at batch 1 the last program's
-# merge was a chain of 3 x n_splits dependent L2 round trips): every split's lse in tiles of
-# MERGE_LSE_SPLITS, then MERGE_UNROLL partial outputs per step, each load independent of the others
-MERGE_LSE_SPLITS = tl.constexpr(16)
-MERGE_UNROLL = tl.constexpr(2)
+# split_merge_kernel's splits per step (the fused merge's: tuning.decode_merge_step)
+MERGE_STEP = tl.constexpr(2)
 
 
 @triton.jit
 def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d, Sinks,
-                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINKS: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINKS: tl.constexpr,
+                  STEP: tl.constexpr):
     """(out, lse) of rows `rows64` (token * n_heads + head, `ok` the live ones; `heads` their query heads)
     merged over the n_splits partials of OutPart / LsePart (split-major, n_rows rows per split):
     out = sum_s w_s OutPart[s], w_s = 2^(LsePart[s] - max) / sum (an empty split, lse -inf, has w 0;
-    a sink adds a term without a value row); a row no split saw gets out 0 and lse +inf (flash-attn)."""
+    a sink adds a term without a value row); a row no split saw gets out 0 and lse +inf (flash-attn).
+    Online, in split order: STEP splits per step, whose loads depend on nothing computed in the step, so
+    each step is one wave of L2 round trips (at batch 1 the last program's merge is a serial tail)."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    offs_s = tl.arange(0, MERGE_LSE_SPLITS)
-    for s0 in range(0, n_splits, MERGE_LSE_SPLITS):
-        split = s0 + offs_s
-        lse_tile = tl.load(LsePart + split[:, None].to(tl.int64) * n_rows + rows64[None, :],
-                           mask=(split < n_splits)[:, None] & ok[None, :], other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse_tile, 0))
-    if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
-        sink_log2 = tl.load(Sinks + heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
-        m = tl.maximum(m, sink_log2)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
-    if HAS_SINKS:
-        den = tl.exp2(sink_log2 - m_safe)
+    if HAS_SINKS:  # one more softmax term per row, with no value row (score_mods.sink_init)
+        m = tl.load(Sinks + heads, mask=ok, other=float("-inf")).to(tl.float32) * LOG2E
+        den = tl.where(m == float("-inf"), 0.0, 1.0)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
     d_ok = offs_d[None, :] < HEAD_DIM
-    for s0 in range(0, n_splits, MERGE_UNROLL):
-        for j in tl.static_range(MERGE_UNROLL):
+    for s0 in range(0, n_splits, STEP):
+        for j in tl.static_range(STEP):
             split = tl.zeros([BLOCK_R], dtype=tl.int32) + (s0 + j)
             row = split.to(tl.int64) * n_rows + rows64
             valid = ok & (split < n_splits)
             lse_s = tl.load(LsePart + row, mask=valid, other=float("-inf"))
             o = tl.load(OutPart + row[:, None] * HEAD_DIM + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
             live = lse_s != float("-inf")  # an empty split left its partial output unwritten: select, not scale
-            w = tl.where(live, tl.exp2(lse_s - m_safe), 0.0)
-            den += w
-            acc += w[:, None] * tl.where(live[:, None], o, 0.0)
+            m_new = tl.maximum(m, lse_s)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # (nothing live yet: shift by 0, not NaN)
+            alpha = tl.exp2(m - m_shift)
+            w = tl.where(live, tl.exp2(lse_s - m_shift), 0.0)
+            den = den * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * tl.where(live[:, None], o, 0.0)
+            m = m_new
     empty = den == 0.0
     out = acc / tl.where(empty, 1.0, den)[:, None]
-    lse = tl.where(empty, float("inf"), (m_safe + tl.log2(tl.where(empty, 1.0, den))) * LN2)
+    lse = tl.where(empty, float("inf"), (tl.where(m == float("-inf"), 0.0, m) + tl.log2(tl.where(empty, 1.0, den)))
+                   * LN2)
     return out, lse
 
 
@@ -569,7 +576,7 @@ def split_merge_kernel(
     offs_d = tl.arange(0, D_PAD)
     ok = offs_r < n_rows
     out, lse = _merge_splits(OutPart, LsePart, offs_r.to(tl.int64), ok, offs_r % n_heads, n_rows, n_splits, offs_d,
-                             Sinks, HEAD_DIM, D_PAD, BLOCK_R, HAS_SINKS)
+                             Sinks, HEAD_DIM, D_PAD, BLOCK_R, HAS_SINKS, MERGE_STEP)
     d_ok = offs_d[None, :] < HEAD_DIM
     t = offs_r // n_heads
     h = offs_r % n_heads
@@ -1107,7 +1114,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     if split and family_of(arch) in tables.DECODE_FUSED_MERGE_FAMILIES:
         # one counter per (sequence, program of grid axis 0); row tiles are at least 16 rows (launch._shrink)
         counters = batch * hk * cdiv(seqlen_q * group, 16)
-        kwargs.update(SplitCounters=_counters_for(q, counters, None, own_counters), FUSED_MERGE=True)
+        merge_rows, merge_step = decode_merge_step(arch, seqlen_q * group, cfg["BLOCK_M"])
+        kwargs.update(SplitCounters=_counters_for(q, counters, None, own_counters), FUSED_MERGE=True,
+                      MERGE_ROWS=merge_rows, MERGE_STEP=merge_step)
     # grid axis 0 (KV heads x row tiles) follows the tile actually launched, should `launch` shrink it
     grid0 = lambda c: hk * cdiv(seqlen_q * group, c["BLOCK_M"])  # noqa: E731
     fitted = launch(decode_kernel, cfg, grid0, (splits, batch), tensors + ints, kwargs)

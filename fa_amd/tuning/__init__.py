@@ -290,6 +290,14 @@ def decode_masked_stages(arch: Arch, head_dim_padded: int) -> int:
     return tables.DECODE_MASKED_STAGES.get(_decode_family(arch), {}).get(row, 0)
 
 
+def decode_merge_step(arch: Arch, live_rows: int, block_m: int) -> tuple:
+    """(rows per chunk, splits per step) of the fused split merge (tables.DECODE_MERGE_STEP) for a tile of
+    `block_m` rows of which at most `live_rows` hold a query row."""
+    rows = min(block_m, 1 << max(0, live_rows - 1).bit_length())
+    rule = tables.DECODE_MERGE_STEP.get(family_of(arch), tables.DECODE_MERGE_STEP["default"])
+    return rows, max(2, min(rule["MAX_SPLITS"], rule["SLOTS"] // rows))
+
+
 def decode_entry_config(entry: Dict, triton_version: tuple = None) -> Dict:
     """A decode table entry (or one of its "wide" / "fp32" / tables.DECODE_FP8 override dicts) without
     its case overrides, with its "triton<X.Y" overrides whose bound is above the installed triton

@@ -613,11 +613,13 @@ DECODE_SPLITS = {
     # H200 (.ci/decode_ab.py stage "kernel", graph replays, 5 rounds, 2026-11-28): d128 now wants one program
     # per SM as well -- the merge no longer serialises its loads (TUNING_NOTES v18) and 64 programs read only
     # ~3.1-3.3 of the H200's 4.8 TB/s: b1 32k 8 splits 2548 GB/s -> 16 splits 3102 (SDPA 3308), b1 128k 3092
-    # -> 4077 (4151), b8 8k unsplit 2973 -> 2 splits 3792 (3780), b8 128k 3346 -> 4516 (4518); b1 2k keeps 8
-    # (min_blocks_per_split); on the H100 b8 32k at 2 splits read 3015 vs 3002 unsplit (v18)
+    # -> 4077 (4151), b8 8k unsplit 2973 -> 2 splits 3792 (3780), b8 128k 3346 -> 4516 (4518); on the H100 b8 32k
+    # at 2 splits read 3015 vs 3002 unsplit (v18).  d128 splits down to one key block since the fused merge loads
+    # its partials a step at a time (DECODE_MERGE_STEP; same run): b1 2k at 16 splits 724 GB/s vs the 8 of two
+    # blocks each 697 (SDPA 684); with the two-pass merge 16 had lost (536 vs 566, v28)
     "sm90": {**_DEFAULT_SPLITS,
              "head_dims": {64: {"programs_per_sm": 1, "efficiency": 0.95},
-                           128: {"programs_per_sm": 1, "efficiency": 0.95},
+                           128: {"programs_per_sm": 1, "efficiency": 0.95, "min_blocks_per_split": 1},
                            256: {"programs_per_sm": 1, "efficiency": 0.95}}},
 }
 # Families whose split decode merges the key splits inside the decode kernel: the last split program
@@ -630,6 +632,15 @@ DECODE_SPLITS = {
 # merge launch (untimed there; on multi-XCD CDNA3 each release writes back the XCD's L2).  "cpu" (the
 # interpreter) fuses, so CI tests this path; the tests switch to the merge launch too.
 DECODE_FUSED_MERGE_FAMILIES = ("sm90", "cpu")
+# The fused merge's steps (decode._last_split_merges): the last split program merges its tile's live rows (query
+# tokens x the KV group's heads: at one query token and GQA 32/8, 4 of the 16-row tile) in chunks of that count
+# rounded up to a power of two, and loads SLOTS // chunk rows split partials per step (2..MAX_SPLITS), each step
+# one wave of independent L2 loads (an online log-sum-exp merge, no max pass first).  SLOTS 32 keeps the 16-row
+# tile at 2 splits per step, the step that fitted it (TUNING_NOTES v28: wider steps cost that tile registers in
+# the whole kernel); MAX_SPLITS 8: the one-row merge (MHA) unrolled 16 times put 16-24 B on sm90's stack at d64.
+# H200 (.ci/decode_ab.py stage "kernel", 5 rounds, 2026-11-28, GB/s, the two-pass merge of 16 rows -> this,
+# SDPA): b1 2k 633 -> 697 (686 / 684), 8k 1711 -> 1928 (1774 / 1796), 32k 3216 -> 3380 (3292 / 3290).
+DECODE_MERGE_STEP = {"default": {"SLOTS": 32, "MAX_SPLITS": 8}}
 
 
 # --------------------------------------------------------------------------- FP8 (fa_amd/fp8.py)

@@ -391,7 +391,9 @@ def test_split_rule_head_dim_overrides_apply_to_the_rows_own_tile(monkeypatch):
     monkeypatch.undo()
     d128 = get_decode_split_policy(sm90, 128)
     assert [decode.decode_num_splits(b * 8, 32768 // 128, 132, d128) for b in (1, 8, 64)] == [16, 2, 1]
-    assert decode.decode_num_splits(8, 2048 // 128, 132, d128) == 8  # (at least 2 key blocks per split)
+    # one key block per split at d128 (the fused merge's steps made 16 splits of 2k faster than 8)
+    assert decode.decode_num_splits(8, 2048 // 128, 132, d128) == 16
+    assert decode.decode_num_splits(8, 2048 // 128, 132, get_decode_split_policy(sm90, 64)) == 8
 
 
 def test_l2_flush_modes():
@@ -1211,6 +1213,42 @@ def test_fused_and_launched_merge_give_the_same_bits(device, monkeypatch):
                                                           return_softmax_lse=True, **kw))
     for fused, launched in zip(*results):
         torch.testing.assert_close(fused, launched, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows,step", [(1, 16), (2, 3), (4, 1), (16, 5)])
+@pytest.mark.parametrize("case", ["gqa3_sq3_causal_splits3", "empty_splits_sinks", "two_row_tiles_mha_sq37"])
+def test_fused_merge_chunks_are_a_speed_choice(device, monkeypatch, case, rows, step):
+    """The fused merge's rows per chunk and splits per step (tuning.decode_merge_step) change only how its loads are
+    grouped: any choice -- chunks narrower than the tile's live rows (several chunks, the last one partly live), steps
+    past the split count or not dividing it -- gives the launched merge's bits and counters back at zero."""
+    results = []
+    for mode in ("launch", "fused"):
+        with monkeypatch.context() as m:
+            _use_merge(m, device, mode)
+            m.setattr(decode, "decode_merge_step", lambda arch, live_rows, block_m: (rows, step))
+            decode.forget_plans()
+            q, k_cache, v_cache, _, _, kw, splits = make_case(device, **SPLIT_CASES[case])
+            results.append(fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=splits,
+                                                          return_softmax_lse=True, **kw))
+            decode.forget_plans()
+    for launched, fused in zip(*results):
+        torch.testing.assert_close(fused, launched, rtol=0, atol=0, equal_nan=True)
+    assert _counters_all_zero()
+
+
+def test_fused_merge_step_rule():
+    """One query token of a GQA group: its rows (the group's heads) rounded up to a power of two, within the tile,
+    and more splits per step the fewer the rows (tables.DECODE_MERGE_STEP: 32 rows x splits, at most 8 splits)."""
+    from fa_amd import tuning
+
+    arch = fa_amd.arch.arch_for(torch.empty(0))
+    assert tuning.decode_merge_step(arch, 4, 16) == (4, 8)
+    assert tuning.decode_merge_step(arch, 3, 16) == (4, 8)
+    assert tuning.decode_merge_step(arch, 1, 16) == (1, 8)
+    assert tuning.decode_merge_step(arch, 8, 16) == (8, 4)
+    assert tuning.decode_merge_step(arch, 16, 16) == (16, 2)
+    assert tuning.decode_merge_step(arch, 37, 16) == (16, 2)
+    assert tuning.decode_merge_step(arch, 37, 64) == (64, 2)
 
 
 @pytest.mark.parametrize("mode", ["fused", "launch"])
