@@ -512,8 +512,9 @@ def _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_
             out, lse = _merge_splits(OutPart, LsePart, (t0 + tok).to(tl.int64) * n_heads + h, row_ok, h,
                                      total_q * n_heads, n_splits, offs_d, Sinks, HEAD_DIM, D_PAD, MERGE_ROWS,
                                      HAS_SINKS, MERGE_STEP)
-            _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d, row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
-                        row_ok, stride_ob, stride_om, stride_oh, stride_lb, stride_lh)
+            _store_rows(Out, Lse, out, lse, b64, q_start, tok, h, offs_d,
+                        row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), row_ok, stride_ob, stride_om, stride_oh,
+                        stride_lb, stride_lh)
         tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # every split has arrived: nobody else touches it
 
 
