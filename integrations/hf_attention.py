@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from fa_amd.kernels.decode import plan_filed
+from fa_amd.kernels.decode import filed_plan, run_filed_plan
 from fa_amd.memo import memo_per_tensor
 from fa_amd.ops import packed_bounds_from_positions
 
@@ -325,8 +325,9 @@ def fa_amd_attention_forward(
     if attention_mask is None and cu_seq_lens_q is None and cu_seq_lens_k is None:
         step_key = _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal,
                                     kwargs)
-        if step_key is not None and plan_filed(step_key):
-            return _planned_decode_step(query, key, value, scaling, sliding_window, softcap, step_key), None
+        plan = filed_plan(step_key) if step_key is not None else None
+        if plan is not None:
+            return _planned_decode_step(query, key, value, plan), None
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
@@ -570,19 +571,11 @@ def _decode_step_key(module, query, key, value, dropout, scaling, sliding_window
             query.get_device(), key.get_device(), scaling, sliding_window, softcap, causal)
 
 
-def _planned_decode_step(query, key, value, scaling, sliding_window, softcap, step_key):
-    """fa_amd_attention_forward's decode route for a call whose plan is filed under `step_key`: the same decode
-    call without the glue that derived it (its checks passed for this structure; nothing in it depends on
-    tensor values)."""
-    from fa_amd.kvcache import decode_attention
-
-    causal = step_key[-1]
-    left, right = sliding_window_to_window_size(sliding_window, causal, key.shape[2])
-    out, _ = decode_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                              query.shape[-1] ** -0.5 if scaling is None else float(scaling), left,
-                              0 if causal else right, 0.0 if softcap is None else float(softcap), need_lse=False,
-                              plan_key=step_key)
-    return out
+def _planned_decode_step(query, key, value, plan):
+    """fa_amd_attention_forward's decode route for a call whose plan is filed under its step key
+    (_decode_step_key): the plan's launch on the flash-layout views, without the glue that derived it (its
+    checks passed for this structure; nothing in it depends on tensor values)."""
+    return run_filed_plan(plan, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
 
 
 def _sinks(sinks, s_aux, query):

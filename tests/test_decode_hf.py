@@ -56,8 +56,17 @@ def _query_shapes_of_calls(monkeypatch, owner, name):
 
 @pytest.fixture
 def decode_calls(monkeypatch):
-    """Counts the decode kernel's calls (the HF glue imports decode_attention at call time)."""
-    return _query_shapes_of_calls(monkeypatch, kvcache, "decode_attention")
+    """The q shapes (flash layout) of the decode kernel's calls from the HF route: through decode_attention (the
+    glue imports it at call time), or a decode step's filed plan run directly (hf_attention.run_filed_plan)."""
+    calls = _query_shapes_of_calls(monkeypatch, kvcache, "decode_attention")
+    real = hf_attention.run_filed_plan
+
+    def spy(plan, q, k_cache, v_cache):
+        calls.append(q.shape)
+        return real(plan, q, k_cache, v_cache)
+
+    monkeypatch.setattr(hf_attention, "run_filed_plan", spy)
+    return calls
 
 
 def greedy(model, attn, ids, mask, new_tokens, compile_backend=None, **kwargs):

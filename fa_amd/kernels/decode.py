@@ -768,9 +768,16 @@ _PLANS = {}
 _MAX_PLANS = 256
 
 
-def plan_filed(key) -> bool:
-    """Whether a decode plan is filed under `key` (a caller's plan_key, or an alias_key of decode_forward)."""
-    return key in _PLANS
+def filed_plan(key) -> Optional[_DecodePlan]:
+    """The decode plan filed under `key` (a caller's plan_key, or an alias_key of decode_forward), or None."""
+    return _PLANS.get(key)
+
+
+def run_filed_plan(plan: _DecodePlan, q, k_cache, v_cache):
+    """The output of a call whose plan `plan` is (filed_plan): what decode_forward does on a plan hit, for a
+    plain call (no cache_seqlens, leftpad, batch index, block table, key mask, sinks or descales) that does not
+    read the lse."""
+    return _run_plan(plan, q, k_cache, v_cache, None, None, None, None, None, None, None, need_lse=False)[0]
 
 
 def _remember(memo: dict, key, value):
