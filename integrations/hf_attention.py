@@ -142,6 +142,11 @@ def _target_dtype(query: torch.Tensor, module: torch.nn.Module) -> Optional[torc
     return None
 
 
+def _is_causal(module: torch.nn.Module, is_causal: Optional[bool]) -> bool:
+    """The call's causality: Transformers' `is_causal` argument where given, else the module's (default True)."""
+    return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+
+
 def sliding_window_to_window_size(sliding_window: Optional[int], causal: bool, key_length: int):
     """Transformers' ``sliding_window`` (total window, current token included) -> flash (left, right).
 
@@ -380,7 +385,7 @@ def fa_amd_attention_forward(
     elif key.dtype != query.dtype or value.dtype != query.dtype:
         key, value = key.to(query.dtype), value.to(query.dtype)
 
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _is_causal(module, is_causal)
     window_size = sliding_window_to_window_size(sliding_window, causal, key.shape[1])
     # Dropout only while training, exactly like eager's F.dropout(training=module.training).
     dropout_p = float(dropout) if getattr(module, "training", False) else 0.0
@@ -566,7 +571,7 @@ def _decode_step_key(module, query, key, value, dropout, scaling, sliding_window
         return None
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return None
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _is_causal(module, is_causal)
     return ("hf decode step", query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), dtype,
             query.get_device(), key.get_device(), scaling, sliding_window, softcap, causal)
 
@@ -619,7 +624,7 @@ def _paged_cache_attention(module, query, key, value, attention_mask, cache, sca
     target_dtype = _target_dtype(query, module)
     if target_dtype is not None:
         query = query.to(target_dtype)
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _is_causal(module, is_causal)
     left, right = sliding_window_to_window_size(sliding_window, causal, max_k)
     if causal:
         right = 0
