@@ -45,8 +45,8 @@ from ..arch import arch_for, num_sms
 from ..tuning import decode_many_rule, decode_masked_stages, decode_merge_step, family_of, get_decode_config, \
     get_decode_split_policy, tables
 from .blocks import dot_rows_nt, in_loop, key_ranges
-from .launch import CompiledLaunch, cdiv, current_stream, head_dim_padded, int_specialization, kept_zeros, launch, \
-    new_output, score_args
+from .launch import CompiledLaunch, cdiv, current_stream, descale_args, head_dim_padded, int_specialization, \
+    kept_zeros, launch, new_output, score_args
 from .rotary import rotary_forward
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_head_descales, p_shift, saturate, score_log2, \
     sink_init
@@ -648,10 +648,7 @@ def _fp8_kwargs(cache, descale):
     place (score_mods.load_head_descales), and their (batch, KV head) strides."""
     if descale is None:
         return {}
-    qd, kd, vd = descale
-    return dict(_descale_tensors(descale), stride_qdb=qd.stride(0), stride_qdh=qd.stride(1), stride_kdb=kd.stride(0),
-                stride_kdh=kd.stride(1), stride_vdb=vd.stride(0), stride_vdh=vd.stride(1),
-                FP8_MAX=float(torch.finfo(cache.dtype).max))
+    return dict(descale_args(*descale), FP8_MAX=float(torch.finfo(cache.dtype).max))
 
 
 def kv_append(k, v, k_cache, v_cache, cache_seqlens, cache_seqlens_int, cache_batch_idx, block_table,

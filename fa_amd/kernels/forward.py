@@ -36,8 +36,8 @@ from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_
 from ..tuning import tables
 from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, zero_rows
 from .launch import (
-    LaunchPlan, alias_pattern, current_stream, grid_blocks, head_dim_padded, head_scan_grid, jit_launch, kept_zeros,
-    kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
+    LaunchPlan, alias_pattern, current_stream, descale_args, grid_blocks, head_dim_padded, head_scan_grid, jit_launch,
+    kept_zeros, kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     is_nan, load_head_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -546,10 +546,8 @@ def _descale_args(descales, q, nheads_q: int) -> dict:
     if descales is None:
         return dict(QDescale=q, KDescale=q, VDescale=q, stride_qdb=0, stride_qdh=0, stride_kdb=0, stride_kdh=0,
                     stride_vdb=0, stride_vdh=0)
-    qd, kd, vd = descales
-    args = dict(QDescale=qd, KDescale=kd, VDescale=vd, stride_qdb=qd.stride(0), stride_qdh=qd.stride(1),
-                stride_kdb=kd.stride(0), stride_kdh=kd.stride(1), stride_vdb=vd.stride(0), stride_vdh=vd.stride(1))
-    if qd.shape[1] != nheads_q:  # FA3's q_descale: one per (batch, KV head)
+    args = descale_args(*descales)
+    if descales[0].shape[1] != nheads_q:  # FA3's q_descale: one per (batch, KV head)
         args["Q_DESCALE_PER_KV_HEAD"] = True
     return args
 

@@ -400,6 +400,14 @@ class CompiledLaunch:
             run(x, y, z, stream, function, packed_metadata, None, None, None, *values)
 
 
+def descale_args(q_descale, k_descale, v_descale) -> dict:
+    """The FP8 kernels' descale arguments (score_mods.load_head_descales): the caller's three fp32 tensors, read in
+    place, and their (batch, head) strides."""
+    return dict(QDescale=q_descale, KDescale=k_descale, VDescale=v_descale,
+                stride_qdb=q_descale.stride(0), stride_qdh=q_descale.stride(1), stride_kdb=k_descale.stride(0),
+                stride_kdh=k_descale.stride(1), stride_vdb=v_descale.stride(0), stride_vdh=v_descale.stride(1))
+
+
 def score_args(q, alibi_slopes, rng_state, dropout_p, softmax_scale, window_left, window_right, softcap,
                 max_seqlen_q, max_seqlen_k):
     """Runtime scalars + constexpr flags shared by every kernel launch."""
