@@ -1143,6 +1143,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="HF generate() new tokens/s, fa_amd vs sdpa (Dynamic and Static cache), interleaved rounds")
     parser.add_argument("--generate-padded", action="store_true",
                         help="with --generate: a left-padded batch (prompts of different lengths in one batch)")
+    parser.add_argument("--generate-rounds", type=int, default=None, metavar="N",
+                        help="interleaved rounds of --generate (default: 7; 1 with --smoke): each is ~1 s of "
+                             "host-bound work whose round-to-round spread is wider than the decode rows'")
     parser.add_argument("--decode-methods", nargs="+", choices=("fa_amd", "sdpa", "flex", "flash_attn"),
                         default=None, help="peers of the --decode rows (default: all)")
     parser.add_argument("--decode-rows", nargs="+", metavar="BxCACHE", default=None,
@@ -1214,6 +1217,11 @@ def run_cli(args) -> int:
     if decode_only and not getattr(args, "decode", False):
         print(f"error: {', '.join(decode_only)} {'applies' if len(decode_only) == 1 else 'apply'} to the decode rows: "
               f"{'it needs' if len(decode_only) == 1 else 'they need'} --decode", file=sys.stderr)
+        return 2
+    generate_only = _given(args, "--generate-padded", "--generate-rounds")
+    if generate_only and not getattr(args, "generate", False):
+        print(f"error: {', '.join(generate_only)} {'applies' if len(generate_only) == 1 else 'apply'} to the "
+              f"generate() rows: {'it needs' if len(generate_only) == 1 else 'they need'} --generate", file=sys.stderr)
         return 2
     if getattr(args, "decode", False) or getattr(args, "generate", False):
         prefill_only = _given(args, "--only", "--quick", "--methods", "--fp8", "--host-time", "--head-dims",

@@ -276,7 +276,13 @@ def left_padded_mask(batch: int, prompt: int) -> torch.Tensor:
     return (torch.arange(prompt)[None, :] >= (prompt - keep)[:, None]).to(torch.long)
 
 
-def run_generate(dtype, device, smoke=False, rounds=bench.ROUNDS, batch=8, prompt=1024, new_tokens=128,
+# generate()'s rounds by default: a round is ~1 s of host-bound work (dynamic cache), and one lent H200 host's
+# rounds of the same work spread by up to 25 % (2026-11-28 22:06 UTC: fa_amd 0.89-1.12 s, sdpa 0.97-1.13 s), so
+# a median of 3 can put either ahead
+GENERATE_ROUNDS = 7
+
+
+def run_generate(dtype, device, smoke=False, rounds=GENERATE_ROUNDS, batch=8, prompt=1024, new_tokens=128,
                  impls=GENERATE_IMPLS, caches=("dynamic", "static"), padded=False, log=print) -> List[GenerateResult]:
     """HF generate() new tokens/s per (attention implementation, cache), in interleaved rounds.  `padded`: the
     prompts left-padded to one length (left_padded_mask), as a batch of prompts of different lengths is."""
@@ -332,12 +338,21 @@ def generate_markdown(results: List[GenerateResult], smoke: bool) -> str:
     caches = list(dict.fromkeys(r.cache for r in results))
     impls = list(dict.fromkeys(r.impl for r in results))
     idx = {(r.impl, r.cache): r for r in results}
-    out = [f"\n### HF generate(), new tokens/s ({shape}; median of interleaved rounds)\n",
+    out = [f"\n### HF generate(), new tokens/s ({shape}; median of interleaved rounds, and the slowest .. fastest "
+           "round)\n",
            "| cache | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
     for cache in caches:
-        out.append(f"| {cache} | " + " | ".join(
-            f"{idx[(i, cache)].tokens_per_s:.0f}" if idx[(i, cache)].tokens_per_s else "n/a" for i in impls) + " |")
+        out.append(f"| {cache} | " + " | ".join(_generate_cell(idx[(i, cache)]) for i in impls) + " |")
     return "\n".join(out)
+
+
+def _generate_cell(r: GenerateResult) -> str:
+    if not r.tokens_per_s:
+        return "n/a"
+    tokens = r.tokens_per_s * r.seconds  # (new tokens per round)
+    if len(r.rounds_s) < 2:
+        return f"{r.tokens_per_s:.0f}"
+    return f"{r.tokens_per_s:.0f} ({tokens / max(r.rounds_s):.0f} .. {tokens / min(r.rounds_s):.0f})"
 
 
 SECTION_BEGIN = "<!-- fa-amd bench --decode/--generate: begin -->"
@@ -385,11 +400,17 @@ def run_cli(args) -> int:
         dtype = torch.float32  # the interpreter's bf16 dot is unreliable; the smoke run checks plumbing only
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     rounds = args.rounds if args.rounds is not None else (1 if args.smoke else bench.ROUNDS)
-    if rounds < 1:
-        print(f"error: --rounds must be >= 1, got {rounds}", file=sys.stderr)
-        return 2
+    generate_rounds = getattr(args, "generate_rounds", None)
+    if generate_rounds is None:
+        generate_rounds = 1 if args.smoke else GENERATE_ROUNDS
+    for flag, n in (("--rounds", rounds), ("--generate-rounds", generate_rounds)):
+        if n < 1:
+            print(f"error: {flag} must be >= 1, got {n}", file=sys.stderr)
+            return 2
     env = bench.environment(device)
     payload = {"environment": env, "dtype": dtype_name, "rounds": rounds}
+    if args.generate:
+        payload["generate_rounds"] = generate_rounds
     parts = []
     if args.decode:
         methods = [m for m in (args.decode_methods or DECODE_METHODS)]
@@ -411,7 +432,7 @@ def run_cli(args) -> int:
             print("\n".join(parts))
             return 1
     if args.generate:
-        gen = run_generate(dtype, device, smoke=args.smoke, rounds=rounds,
+        gen = run_generate(dtype, device, smoke=args.smoke, rounds=generate_rounds,
                            padded=getattr(args, "generate_padded", False))
         payload["generate"] = [asdict(r) for r in gen]
         parts.append(generate_markdown(gen, args.smoke))

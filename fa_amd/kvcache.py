@@ -23,7 +23,7 @@ from torch import Tensor
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
                         _check_tensor, _is_fp8_call, _normalize_scalars)
-from .kernels.decode import decode_forward, kv_append
+from .kernels.decode import decode_forward, filed_plan, kv_append, run_filed_plan
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
 from .ops import refuse_forward_tangents
@@ -508,11 +508,17 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache, q.shape[0])
-    out, lse = decode_attention(
-        _contiguous_last(q), k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
-        cache_seqlens_int=cache_seqlens_int, block_table=block_table,
-        rotary_per_token=_rotary_per_token(causal, left, right, capacity), num_splits=num_splits,
-        plan_key=_decode_plan_key(plain_key), need_lse=return_softmax_lse)
+    plan_key = _decode_plan_key(plain_key)
+    q = _contiguous_last(q)
+    plan = filed_plan(plan_key)  # (an int cache_seqlens is in the key, and in the plan's ints)
+    if plan is not None:  # straight to its launch: decode is host-bound
+        out, lse = run_filed_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, return_softmax_lse)
+    else:
+        out, lse = decode_attention(
+            q, k_cache, v_cache, scale, left, right, softcap, None, cache_seqlens=cache_seqlens,
+            cache_seqlens_int=cache_seqlens_int, block_table=block_table,
+            rotary_per_token=_rotary_per_token(causal, left, right, capacity), num_splits=num_splits,
+            plan_key=plan_key, need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -62,7 +62,7 @@ def decode_calls(monkeypatch):
     real = hf_attention.run_filed_plan
 
     def spy(plan, q, k_cache, v_cache):
-        calls.append(q.shape)
+        calls.append(q.transpose(1, 2).shape)  # (the step hands over Transformers' (batch, heads, seq, d) tensors)
         return real(plan, q, k_cache, v_cache)
 
     monkeypatch.setattr(hf_attention, "run_filed_plan", spy)
@@ -438,6 +438,18 @@ def test_bench_decode_and_generate_smoke(tmp_path):
     text = perf.read_text()
     assert text.startswith("# Performance\n\nprefill tables") and text.count("## Decode and generation") == 1
     assert "second run" in text and "KV GB/s" not in text
+
+
+def test_generate_table_shows_each_cells_round_spread():
+    """generate() rounds are host-bound and spread widely: a cell gives the median round's new tokens/s and the
+    slowest .. fastest round's, so a reader sees whether two cells' rounds overlap."""
+    from fa_amd import bench_decode
+
+    rows = [bench_decode.GenerateResult("fa_amd", "dynamic", tokens_per_s=1024 / 1.0, seconds=1.0,
+                                        rounds_s=[1.0, 1.25, 0.8]),
+            bench_decode.GenerateResult("sdpa", "dynamic", tokens_per_s=1000.0, seconds=1.024, rounds_s=[1.024])]
+    doc = bench_decode.generate_markdown(rows, smoke=False)
+    assert "| dynamic | 1024 (819 .. 1280) | 1000 |" in doc, doc
 
 
 # --------------------------------------------------------------------------- GPU (bf16, real compile)

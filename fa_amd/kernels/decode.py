@@ -770,11 +770,13 @@ def filed_plan(key) -> Optional[_DecodePlan]:
     return _PLANS.get(key)
 
 
-def run_filed_plan(plan: _DecodePlan, q, k_cache, v_cache):
-    """The output of a call whose plan `plan` is (filed_plan): what decode_forward does on a plan hit, for a
-    plain call (no cache_seqlens, leftpad, batch index, block table, key mask, sinks or descales) that does not
-    read the lse."""
-    return _run_plan(plan, q, k_cache, v_cache, None, None, None, None, None, None, None, need_lse=False)[0]
+def run_filed_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens=None, block_table=None, need_lse=False):
+    """(out, lse) of a call whose plan is `plan` (filed_plan): what decode_forward does on a plan hit, for a
+    plain call (no leftpad, batch index, key mask, sinks or descales; lse None unless need_lse).  The launch
+    reads the tensors only through their storage (data pointer, dtype, device; the plan holds shapes and
+    strides), so any views of the planned tensors' storage will do."""
+    return _run_plan(plan, q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, None,
+                     need_lse=need_lse)
 
 
 def _remember(memo: dict, key, value):
@@ -790,12 +792,13 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
                     seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
                     alibi_slopes):
     """The decode kernel's tensor arguments in order (q stands in for the absent ones)."""
-    def given(t):
-        return q if t is None else t
-
-    return (q, k_cache, v_cache, out, lse, out_part, lse_part, given(cu_seqlens_q), given(cache_seqlens),
-            given(cu_seqlens_k), given(seqused_k), given(cache_leftpad), given(cache_batch_idx), given(block_table),
-            given(key_mask), given(rotary_cos), given(rotary_sin), given(alibi_slopes))
+    # (conditional expressions, not a helper: a call per argument was a tenth of a replayed call's host time)
+    return (q, k_cache, v_cache, out, lse, out_part, lse_part, q if cu_seqlens_q is None else cu_seqlens_q,
+            q if cache_seqlens is None else cache_seqlens, q if cu_seqlens_k is None else cu_seqlens_k,
+            q if seqused_k is None else seqused_k, q if cache_leftpad is None else cache_leftpad,
+            q if cache_batch_idx is None else cache_batch_idx, q if block_table is None else block_table,
+            q if key_mask is None else key_mask, q if rotary_cos is None else rotary_cos,
+            q if rotary_sin is None else rotary_sin, q if alibi_slopes is None else alibi_slopes)
 
 
 # the decode and merge kernels' buffers that _run_plan allocates (or owns) in the plan's sizes: their
