@@ -58,10 +58,12 @@ def main():
 
     model = bench_decode._generate_model(DEVICE, torch.bfloat16 if DEVICE == "cuda" else torch.float32, smoke=DEVICE != "cuda")
     import fa_amd.kvcache
+    from fa_amd.integrations import hf_attention
     from fa_amd.kernels import launch
-    # inside the attention function: the decode call (fa_amd.kvcache.decode_attention) and the replayed
-    # launches in it (CompiledLaunch.launch: Triton's runner)
+    # inside the attention function: the decode call (a filed step's hf_attention.run_filed_plan, else
+    # fa_amd.kvcache.decode_attention) and the replayed launches in it (CompiledLaunch.launch: Triton's runner)
     fa_amd.kvcache.decode_attention = timed("decode", fa_amd.kvcache.decode_attention)
+    hf_attention.run_filed_plan = timed("decode", hf_attention.run_filed_plan)
     launch.CompiledLaunch.launch = timed("runner", launch.CompiledLaunch.launch)
     for impl in IMPLS:
         ALL_ATTENTION_FUNCTIONS[impl] = timed("attn", ALL_ATTENTION_FUNCTIONS[impl])
