@@ -98,7 +98,7 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
                      cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                      key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                      rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None,
-                     plan_key=None, need_lse=True, alias_key=None):
+                     plan_key=None, need_lse=True, alias_key=None, grow_key=None):
     """(out, lse) of the decode kernel on already-checked arguments: the custom op while
     torch.compile traces, the launcher directly otherwise (fa_amd.kernels.decode.decode_forward;
     `plan_key`: the key its launch plan is memoized under, for a plain call of flash_attn_with_kvcache;
@@ -114,7 +114,7 @@ def decode_attention(q, k_cache, v_cache, softmax_scale, window_left, window_rig
                           cu_seqlens_q, max_seqlen_q, cache_seqlens, cache_seqlens_int, seqlen_new, cu_seqlens_k,
                           seqused_k, cache_leftpad, cache_batch_idx, block_table, key_mask, rotary_cos, rotary_sin,
                           rotary_interleaved, rotary_per_token, num_splits, sinks, descale, out_dtype, plan_key,
-                          need_lse=need_lse, alias_key=alias_key)
+                          need_lse=need_lse, alias_key=alias_key, grow_key=grow_key)
 
 
 def append_and_attend(q, k_cache, v_cache, k, v, softmax_scale, window_left, window_right, softcap,

@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from fa_amd.kernels.decode import filed_plan, run_filed_plan
+from fa_amd.kernels.decode import filed_plan, grown_plan, run_filed_plan
 from fa_amd.memo import memo_per_tensor
 from fa_amd.ops import packed_bounds_from_positions
 
@@ -326,13 +326,19 @@ def fa_amd_attention_forward(
 
     Learnable attention sinks (gpt-oss passes ``s_aux``; ``sinks`` is accepted too) go to the kernels.
     """
-    step_key = None
+    step_key = grow_key = None
     if attention_mask is None and cu_seq_lens_q is None and cu_seq_lens_k is None:
         step_key = _decode_step_key(module, query, key, value, dropout, scaling, sliding_window, softcap, is_causal,
                                     kwargs)
-        plan = filed_plan(step_key) if step_key is not None else None
-        if plan is not None:
-            return _planned_decode_step(query, key, value, plan), None
+        if step_key is not None:
+            plan = filed_plan(step_key)
+            # a dynamic cache's first layer of a step: the cache grew by a key (a grow key's plan is a decode
+            # kernel's, which only calls with more keys than queries take: _takes_decode_kernel)
+            if plan is None and key.shape[2] > query.shape[2]:
+                grow_key = _decode_grow_key(step_key, query, key, value, sliding_window)
+                plan = grown_plan(grow_key, query, key.transpose(1, 2), value.transpose(1, 2), step_key)
+            if plan is not None:
+                return _planned_decode_step(query, key, value, plan), None
     # to the kernels under the caller's name (the errors then name it too)
     sink_kwargs = {name: kwargs.pop(name) for name in ("s_aux", "sinks") if kwargs.get(name) is not None}
     cache = kwargs.pop("cache", None)
@@ -403,7 +409,7 @@ def fa_amd_attention_forward(
     # varlen route packs the kept keys, so gaps in the mask (a left-padded chunk after the cache) would shrink it)
     windowed = window_size[0] >= 0 and attention_mask is not None
     if _takes_decode_kernel(query, key, value, dropout_p, cu_seq_lens_q, cu_seq_lens_k, any_length=windowed):
-        out = _decode_attention(query, key, value, attention_mask, common, step_key)
+        out = _decode_attention(query, key, value, attention_mask, common, step_key, grow_key)
         return (out if v_head_dim == head_dim else out[..., :v_head_dim]), None
     flash_attn_func, flash_attn_varlen_func = _kernels()
     if attention_mask is not None:
@@ -525,9 +531,10 @@ def _decode_bounds(mask: torch.Tensor):
 _FILL_MASK = "fa_amd_fill_mask"
 
 
-def _decode_attention(query, key, value, attention_mask, common, step_key=None):
+def _decode_attention(query, key, value, attention_mask, common, step_key=None, grow_key=None):
     """The new tokens' attention over the cache (flash layout), by the split-KV decode kernel; its plan is also
-    filed under `step_key` (_decode_step_key) where that is given."""
+    filed under `step_key` (_decode_step_key), and its capacity-free structure under `grow_key` (_decode_grow_key),
+    where those are given."""
     from fa_amd.kvcache import decode_attention
 
     start = end = key_mask = None
@@ -551,7 +558,8 @@ def _decode_attention(query, key, value, attention_mask, common, step_key=None):
     sinks = _sinks(common.get("sinks"), common.get("s_aux"), query)
     out, _ = decode_attention(query, key, value, query.shape[-1] ** -0.5 if scale is None else float(scale), left,
                               right, common["softcap"], cache_seqlens=end, cache_leftpad=start, key_mask=key_mask,
-                              sinks=sinks, need_lse=False, alias_key=step_key if sinks is None else None)
+                              sinks=sinks, need_lse=False, alias_key=step_key if sinks is None else None,
+                              grow_key=grow_key if sinks is None and attention_mask is None else None)
     return out
 
 
@@ -572,8 +580,21 @@ def _decode_step_key(module, query, key, value, dropout, scaling, sliding_window
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return None
     causal = _is_causal(module, is_causal)
-    return ("hf decode step", query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), dtype,
-            query.get_device(), key.get_device(), scaling, sliding_window, softcap, causal)
+    # (the last item holds what does not follow the key length: _decode_grow_key keeps it)
+    return ("hf decode step", query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(),
+            (dtype, query.get_device(), key.get_device(), scaling, sliding_window, softcap, causal))
+
+
+def _decode_grow_key(step_key, query, key, value, sliding_window):
+    """A decode step's key without the key length (and the strides that follow it), for a call whose step key has
+    no filed plan yet: Transformers' dynamic cache hands over one more key each step, so each step's first layer
+    misses.  The full path files its structure under this key (decode_forward's grow_key), and a later step finds
+    its plan through decode.grown_plan without the glue.  The window the full path derives from the key length
+    (sliding_window_to_window_size) is part of it."""
+    fixed = step_key[-1]
+    causal = fixed[-1]
+    return ("hf decode grow", query.shape, query.stride(), key.shape[:2], key.shape[3], value.shape[:2],
+            value.shape[3], fixed, sliding_window_to_window_size(sliding_window, causal, key.shape[2]))
 
 
 def _planned_decode_step(query, key, value, plan):

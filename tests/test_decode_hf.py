@@ -455,10 +455,11 @@ def test_generate_table_shows_each_cells_round_spread():
 # --------------------------------------------------------------------------- GPU (bf16, real compile)
 
 def test_unmasked_decode_steps_take_their_filed_plan(device, decode_calls, monkeypatch):
-    """generate() with a dynamic cache and no padding: each step's first layer takes the full path (the cache
-    grew by one key) and files its plan under the step's key; the second layer's call, of the same structure,
-    takes that plan without the glue -- still through the decode kernel, with the same tokens as the full path
-    every time, and as eager."""
+    """generate() with a dynamic cache and no padding: each step's first layer misses its step key (the cache
+    grew by one key).  The first step's takes the full path, which files the plan under the step's key and its
+    structure under the capacity-free grow key; later steps' first layers find their plan through that
+    (decode.grown_plan), and every second layer's call takes the first's plan -- all without the glue, still
+    through the decode kernel, with the same tokens as the full path every time, and as eager."""
     from fa_amd.kernels import decode
 
     dtype = torch.float16 if device == "cpu" else torch.bfloat16  # (the interpreter's bf16 dot is not exact)
@@ -466,14 +467,62 @@ def test_unmasked_decode_steps_take_their_filed_plan(device, decode_calls, monke
     ids, mask = prompts(device, padded=False)
     ref = greedy(model, "eager", ids, mask, 5)
     taken = _query_shapes_of_calls(monkeypatch, hf_attention, "_planned_decode_step")
+    grown = []
+    real_grown_plan = hf_attention.grown_plan
+    monkeypatch.setattr(hf_attention, "grown_plan", lambda *args: grown.append(real_grown_plan(*args)) or grown[-1])
     out = greedy(model, "fa_amd", ids, mask, 5)
-    assert len(taken) == 4 and all(shape[2] == 1 for shape in taken)  # 4 steps after the prefill, layer 2 each
+    # 4 steps after the prefill: layer 2 of each, and layer 1 of the later ones whose grow key found a plan (one
+    # whose key count reaches a multiple of 16 takes the full path: Triton specialises that int differently)
+    hits = sum(plan is not None for plan in grown)
+    assert len(grown) == 4 and grown[0] is None and hits >= 2
+    assert len(taken) == 4 + hits and all(shape[2] == 1 for shape in taken)
     assert sum(1 for shape in decode_calls if shape[1] == 1) == 2 * 4  # both layers, every step: the decode kernel
     decode.forget_plans()
     monkeypatch.setattr(hf_attention, "_decode_step_key", lambda *args: None)  # the full path every time
     full = greedy(model, "fa_amd", ids, mask, 5)
     assert torch.equal(out, full)
     assert torch.equal(out[:, :3], ref[:, :3]), f"fa_amd {out.tolist()} != eager {ref.tolist()}"
+
+
+def test_grown_decode_steps_match_the_full_path(monkeypatch):
+    """A dynamic cache's steps (one more key each call) through decode.grown_plan give the full path's outputs bit
+    for bit, with a sliding window that the growing cache crosses (the window the full path derives from the key
+    length is part of the grow key), causal and not, and a cache whose strides are not contiguous."""
+    from fa_amd.kernels import decode
+
+    module = torch.nn.Module().eval()
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 1, 16, generator=gen, dtype=torch.float16)
+    k_all = torch.randn(3, 2, 30, 24, generator=gen, dtype=torch.float16)[..., :16]  # (row stride 24)
+    v_all = torch.randn(3, 2, 30, 16, generator=gen, dtype=torch.float16)
+
+    def steps():
+        outs = []
+        for causal, window in ((True, 12), (False, None)):
+            for n in range(9, 16):
+                k = k_all[:, :, :n]
+                v = v_all[:, :, :n].contiguous()
+                out, _ = hf_attention.fa_amd_attention_forward(module, q, k, v, None, scaling=0.3,
+                                                               sliding_window=window, is_causal=causal)
+                outs.append(out)
+        return outs
+
+    # the window the full path derives from the key length: 12 keys fit a 12-key window, 13 do not
+    key = hf_attention._decode_step_key(module, q, k_all[:, :, :12], v_all[:, :, :12], 0.0, None, 12, None, True, {})
+    assert (hf_attention._decode_grow_key(key, q, k_all[:, :, :12], v_all[:, :, :12], 12)
+            != hf_attention._decode_grow_key(key, q, k_all[:, :, :13], v_all[:, :, :13], 12))
+    grown = []
+    real_grown_plan = hf_attention.grown_plan
+    monkeypatch.setattr(hf_attention, "grown_plan", lambda *args: grown.append(real_grown_plan(*args)) or grown[-1])
+    decode.forget_plans()
+    with torch.no_grad():
+        fast = steps()
+        assert sum(plan is not None for plan in grown) >= 10  # (a window crossing or a new split count: full path)
+        decode.forget_plans()
+        monkeypatch.setattr(hf_attention, "_decode_step_key", lambda *args: None)  # the full path every time
+        full = steps()
+    for a, b in zip(fast, full):
+        assert torch.equal(a, b)
 
 
 def test_decode_step_keys_leave_out_what_the_plan_cannot_cover():

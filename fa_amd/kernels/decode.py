@@ -780,8 +780,8 @@ def run_filed_plan(plan: _DecodePlan, q, k_cache, v_cache, cache_seqlens=None, b
 
 
 def _remember(memo: dict, key, value):
-    """memo[key] = value in one of the plan memos (_PLANS, _RESIZABLE), which hold at most _MAX_PLANS entries
-    (a full one starts over); returns value."""
+    """memo[key] = value in one of the plan memos (_PLANS, _RESIZABLE, _GROWABLE), which hold at most _MAX_PLANS
+    entries (a full one starts over); returns value."""
     if len(memo) >= _MAX_PLANS:
         memo.clear()
     memo[key] = value
@@ -825,6 +825,7 @@ def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, 
 
 # the names of the decode kernel's arguments after its tensors, in order: _DecodePlan.ints
 _DECODE_INT_NAMES = tuple(decode_kernel.arg_names[decode_kernel.arg_names.index("seqlen_q"):])
+_DECODE_INT_INDEX = {name: i for i, name in enumerate(_DECODE_INT_NAMES)}
 
 
 class _Resizable(NamedTuple):
@@ -845,13 +846,38 @@ class _Resizable(NamedTuple):
 # JIT once more to make its CompiledLaunch.
 _RESIZABLE = {}
 
+# a caller's capacity-free key (decode_forward's grow_key) -> _Growable: what a later call of that key, which differs
+# only in the dense cache's capacity, needs to find its plan through _resized_plan without the glue above
+# decode_forward (Transformers' dynamic cache grows by a key each step: its first layer's call missed the step's
+# filed plan and took the full path, ~7x a filed step's host time)
+_GROWABLE = {}
+
+
+class _Growable(NamedTuple):
+    structure: tuple  # decode_forward's capacity-free key of the call that filed it
+    window_left: int
+    num_splits: int
+    fused_merge_families: tuple  # tables.DECODE_FUSED_MERGE_FAMILIES then (in `structure` too)
+
 
 def forget_plans():
     """Drop every memoized decode plan and kept scratch set (tests and A/B scripts: the next call takes the
     full path)."""
     _PLANS.clear()
     _RESIZABLE.clear()
+    _GROWABLE.clear()
     _SCRATCH.clear()
+
+
+def grown_plan(grow_key, q, k_cache, v_cache, alias_key):
+    """The plan of a dense, whole-cache call (no cache_seqlens) that differs from the one decode_forward filed
+    under `grow_key` only in the cache's capacity and the strides that follow it, filed under `alias_key` too; or
+    None (the caller then takes the full path).  q, k_cache, v_cache: the call's flash-layout tensors."""
+    entry = _GROWABLE.get(grow_key)
+    if entry is None or entry.fused_merge_families != tables.DECODE_FUSED_MERGE_FAMILIES:
+        return None
+    sized = _sized_ints(k_cache, v_cache, None, whole_cache=True)
+    return _resized_plan(entry.structure, sized, q, entry.window_left, entry.num_splits, alias_key)
 
 
 def _sized_ints(k_cache, v_cache, key_mask, whole_cache: bool):
@@ -886,7 +912,10 @@ def _resized_plan(structure, sized, q, window_left, num_splits, plan_key):
     if splits != plan.grid[1] or _takes_many_tile(entry.many_rule, entry.programs, splits, sized["capacity"],
                                                   _sms(q)) != entry.many:
         return None
-    ints = tuple(sized.get(name, value) for name, value in zip(_DECODE_INT_NAMES, plan.ints))
+    ints = list(plan.ints)
+    for name, value in sized.items():
+        ints[_DECODE_INT_INDEX[name]] = value
+    ints = tuple(ints)
     replays = dict(plan.replays)
     if "decode" in replays:
         replays["decode"] = replays["decode"].patched(sized)
@@ -971,7 +1000,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                    cu_seqlens_k=None, seqused_k=None, cache_leftpad=None, cache_batch_idx=None, block_table=None,
                    key_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                    rotary_per_token=False, num_splits=0, sinks=None, descale=None, out_dtype=None, plan_key=None,
-                   own_counters=False, need_lse=True, alias_key=None):
+                   own_counters=False, need_lse=True, alias_key=None, grow_key=None):
     """Split-KV attention of q over a KV cache; returns (out, softmax_lse).  Arguments are trusted
     (fa_amd.kvcache checks them); device values are clamped in the kernels.
 
@@ -996,7 +1025,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     buffers (_plan_buffers).  `need_lse` False: the caller does not read the lse, which may then be scratch;
     None is returned for it.  `alias_key`: a second key to file this call's plan under, for later calls to pass
     as their `plan_key` (it must determine everything this function's own key holds: Transformers' decode
-    step, integrations/hf_attention._decode_step_key).
+    step, integrations/hf_attention._decode_step_key).  `grow_key`: a capacity-free key under which a dense,
+    whole-cache call remembers its structure, so that a later call differing only in the cache's capacity can take
+    grown_plan(grow_key, ...) (Transformers' dynamic cache: integrations/hf_attention._decode_grow_key).
     """
     structure = sized = None  # this function's own key's capacity-free part, for a dense cache (_RESIZABLE)
     whole_cache = cache_seqlens is None and cache_seqlens_int is None
@@ -1013,6 +1044,11 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
                     None if key_mask is None else (key_mask.shape, key_mask.stride()))
         if block_table is not None:
             structure = None  # a paged call's capacity is its block table's (in the key)
+        elif grow_key is not None and whole_cache and (key_mask is None and sinks is None and descale is None
+                                                       and cache_leftpad is None and cache_batch_idx is None):
+            # (what run_filed_plan runs: no per-call tensors but q and the caches)
+            _remember(_GROWABLE, grow_key, _Growable(structure, window_left, num_splits,
+                                                     tables.DECODE_FUSED_MERGE_FAMILIES))
     if plan_key is not None:
         plan = _PLANS.get(plan_key)
         if plan is None and structure is not None:
