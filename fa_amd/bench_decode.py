@@ -320,7 +320,7 @@ def run_generate(dtype, device, smoke=False, rounds=GENERATE_ROUNDS, batch=8, pr
     # settles -- a lent H200's first rounds after the compiles ran 1.3-1.5 s where later ones ran 0.8 s
     # (2026-11-28 22:29 UTC, both implementations), which a median of a few rounds still picked up
     last = {}
-    for warm_pass in range(GENERATE_WARMUP_PASSES):
+    for _ in range(GENERATE_WARMUP_PASSES):
         settled = True
         for r in runs:
             if r.note:
