@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa_amd  # noqa: E402
 from fa_amd.bench import graph_replay_ms, host_ms_per_call  # noqa: E402
 from fa_amd.kernels import decode as D  # noqa: E402
+from fa_amd.tuning import resolve_entry, tables  # noqa: E402
 
 ROWS = [(1, 2048), (1, 32768), (8, 8192), (64, 2048)]
 
@@ -51,6 +52,16 @@ def main():
     runner = compiled[(1, 1, 1)]
     print(f"the same, through the CompiledKernel's runner (no binder / cache key): "
           f"{1e3 * host_ms_per_call(lambda: runner(x, *ints, *consts.values()), (), 200):7.1f} us")
+    # the launcher itself, as CompiledLaunch.launch calls it (addresses, no hooks): its cost per argument
+    stream = torch.cuda.current_stream().cuda_stream
+    for name, kernel, args, kw in (("1 arg", _nop, [], {}), ("61 args + 10 K", _nop_many, ints, consts)):
+        c = kernel[(1, 1, 1)](x, *args, **kw)
+        c[(1, 1, 1)]  # (initialises the kernel's handles)
+        direct = [x.data_ptr()] + list(args)
+        if resolve_entry(tables.COMPILED_LAUNCH)["args"] == "all":  # (constexprs too, as CompiledLaunch passes them)
+            direct += list(kw.values())
+        run = lambda: c.run(1, 1, 1, stream, c.function, c.packed_metadata, None, None, None, *direct)  # noqa: E731
+        print(f"empty launch, {name}, the launcher called directly: {1e3 * host_ms_per_call(run, (), 500):7.1f} us")
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for batch, cache in ROWS:
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)

@@ -484,7 +484,7 @@ def test_unmasked_decode_steps_take_their_filed_plan(device, decode_calls, monke
     assert torch.equal(out[:, :3], ref[:, :3]), f"fa_amd {out.tolist()} != eager {ref.tolist()}"
 
 
-def test_grown_decode_steps_match_the_full_path(monkeypatch):
+def test_grown_decode_steps_match_the_full_path(device, monkeypatch):
     """A dynamic cache's steps (one more key each call) through decode.grown_plan give the full path's outputs bit
     for bit, with a sliding window that the growing cache crosses (the window the full path derives from the key
     length is part of the grow key), causal and not, and a cache whose strides are not contiguous."""
@@ -492,9 +492,9 @@ def test_grown_decode_steps_match_the_full_path(monkeypatch):
 
     module = torch.nn.Module().eval()
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(3, 4, 1, 16, generator=gen, dtype=torch.float16)
-    k_all = torch.randn(3, 2, 30, 24, generator=gen, dtype=torch.float16)[..., :16]  # (row stride 24)
-    v_all = torch.randn(3, 2, 30, 16, generator=gen, dtype=torch.float16)
+    q = torch.randn(3, 4, 1, 16, generator=gen, dtype=torch.float16).to(device)
+    k_all = torch.randn(3, 2, 30, 24, generator=gen, dtype=torch.float16).to(device)[..., :16]  # (row stride 24)
+    v_all = torch.randn(3, 2, 30, 16, generator=gen, dtype=torch.float16).to(device)
 
     def steps():
         outs = []

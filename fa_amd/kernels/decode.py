@@ -801,6 +801,10 @@ def _decode_tensors(q, k_cache, v_cache, out, lse, out_part, lse_part, cu_seqlen
             q if rotary_sin is None else rotary_sin, q if alibi_slopes is None else alibi_slopes)
 
 
+# the decode kernel's optional tensor parameters, for which _decode_tensors passes q when they are absent
+_OPTIONAL_TENSORS = frozenset(decode_kernel.arg_names[decode_kernel.arg_names.index("CuSeqlensQ"):
+                                                      decode_kernel.arg_names.index("Alibi") + 1])
+
 # the decode and merge kernels' buffers that _run_plan allocates (or owns) in the plan's sizes: their
 # specialisation never changes, so a replay does not check them (CompiledLaunch `fixed`)
 _OWN_BUFFERS = frozenset({"Out", "Lse", "OutPart", "LsePart", "SplitCounters"})
@@ -818,9 +822,14 @@ def _launch_replayed(plan: _DecodePlan, name: str, kernel, grid, tensors, ints, 
     compiled = kernel[grid](*tensors, *ints, **kwargs, **extra)
     if isinstance(compiled, CompiledKernel):  # (not the interpreter's or an AOT recorder's launch)
         names = tuple(kernel.arg_names[:len(tensors)]) + tuple(extra)
-        fixed = {n for n, t in zip(names, call) if n in _OWN_BUFFERS or (t is tensors[0] and n != names[0])}
+        # q in an optional tensor's slot stands in for it (_decode_tensors; the plan's structure says which are
+        # absent).  Only there: a call whose k_cache is q names the same object in a slot that later calls fill
+        # with other tensors, and no plan key tells the two apart.
+        standins = {n for n, t in zip(names, call) if t is tensors[0] and n in _OPTIONAL_TENSORS}
+        fixed = standins | (_OWN_BUFFERS & set(names))
         plan.replays[name] = CompiledLaunch(kernel, compiled, grid, tensors + ints, dict(kwargs, **extra), names,
-                                            arch_for(tensors[0]).is_hip, fixed)
+                                            arch_for(tensors[0]).is_hip, fixed,
+                                            same_as=[0 if n in standins else i for i, n in enumerate(names)])
 
 
 # the names of the decode kernel's arguments after its tensors, in order: _DecodePlan.ints

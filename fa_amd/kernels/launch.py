@@ -2,6 +2,7 @@
 decode.py): shapes and strides, output allocation, runtime scalars and feature flags,
 and `launch`, which shrinks a table config that does not fit the GPU instead of failing.
 """
+import operator
 import threading
 import warnings
 
@@ -193,7 +194,9 @@ class LaunchPlan:
                 if isinstance(value, torch.Tensor):
                     params.append(param)
                     slots.append(by_id[id(value)])  # KeyError: a tensor the plan cannot name
-            self.launches.append((CompiledLaunch(kernel, compiled, grid, args, kwargs, params, hip), slots))
+            same_as = [slots.index(name) for name in slots]  # (one name, one tensor: its address read once)
+            self.launches.append((CompiledLaunch(kernel, compiled, grid, args, kwargs, params, hip, same_as=same_as),
+                                  slots))
 
     @classmethod
     def build(cls, recorded, named, hip: bool):
@@ -301,8 +304,9 @@ def _hooks_home(where: str):
 def _launch_hooks(home) -> bool:
     """Whether a Triton launch hook is registered: a hook is None, a plain function, or (triton >= 3.6)
     a HookChain whose list of `calls` may be empty."""
-    return any(hook is not None and getattr(hook, "calls", True)
-               for hook in (home.launch_enter_hook, home.launch_exit_hook))
+    enter, leave = home.launch_enter_hook, home.launch_exit_hook  # (no generator: this runs per replayed launch)
+    return bool(enter is not None and getattr(enter, "calls", True)
+                or leave is not None and getattr(leave, "calls", True))
 
 
 def int_specialization(value: int):
@@ -324,11 +328,15 @@ class CompiledLaunch:
     specialise them differently (another dtype, another 16-byte alignment of a pointer; on HIP, another side of the
     2 GiB pointer range of buffer loads): the caller then launches through the JIT.  `fixed` names
     tensor parameters whose specialisation the caller guarantees (buffers it allocates itself in
-    the plan's sizes, stand-ins that are another checked parameter's tensor): not checked per call."""
+    the plan's sizes, stand-ins that are another checked parameter's tensor): not checked per call.
+    `same_as` (one entry per tensor parameter, default each its own index) gives, for a parameter whose tensor the
+    caller guarantees is always an earlier parameter's (a stand-in for an absent tensor), that parameter's index:
+    `launch` reads each distinct tensor's address once."""
 
-    __slots__ = ("runner", "values", "slots", "signature", "hip", "checked", "index", "direct", "hooks")
+    __slots__ = ("runner", "values", "slots", "signature", "hip", "checked", "index", "direct", "hooks", "distinct",
+                 "spread", "runs")
 
-    def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool, fixed=()):
+    def __init__(self, kernel, compiled, grid, args, kwargs, tensor_params, hip: bool, fixed=(), same_as=None):
         from ..tuning import resolve_entry, tables
 
         params = kernel.params
@@ -347,6 +355,20 @@ class CompiledLaunch:
         self.hooks = _hooks_home(how["hooks"])
         self.hip = hip
         self.checked = tuple(i for i, name in enumerate(tensor_params) if name not in fixed)
+        self.distinct = self.spread = self.runs = None  # (every tensor its own: launch reads each one's address)
+        if same_as is not None and any(i != j for i, j in enumerate(same_as)):
+            self.distinct = tuple(i for i, j in enumerate(same_as) if i == j)  # the tensors whose addresses it reads
+            where = {i: n for n, i in enumerate(self.distinct)}
+            # those addresses -> one per tensor parameter, in C (a trailing 0 keeps a one-item result a tuple)
+            self.spread = operator.itemgetter(*[where[j] for j in same_as], 0)
+            runs = []  # the tensor parameters' slots as runs of consecutive ones: [first slot, end, first param, end]
+            for i, slot in enumerate(self.slots):
+                if runs and runs[-1][1] == slot:
+                    runs[-1][1] += 1
+                    runs[-1][3] += 1
+                else:
+                    runs.append([slot, slot + 1, i, i + 1])
+            self.runs = tuple(map(tuple, runs))
         self.signature = self._signature([self.values[self.slots[i]] for i in self.checked])
         for j in self.slots:  # hold no tensor of the first call (a KV cache may be gigabytes)
             self.values[j] = None
@@ -393,9 +415,15 @@ class CompiledLaunch:
             self.runner(*values, stream=stream)
         else:
             # Device addresses instead of tensors: given an int, Triton's launcher (3.2-3.9, CUDA and HIP) skips
-            # the data_ptr() call and the driver's pointer query it makes per tensor argument.
-            for slot, t in zip(self.slots, tensors):
-                values[slot] = t.data_ptr()
+            # the data_ptr() call and the driver's pointer query it makes per tensor argument.  A stand-in's
+            # address is its tensor's (a decode launch passes q for ~12 absent tensors).
+            if self.spread is None:
+                for slot, t in zip(self.slots, tensors):
+                    values[slot] = t.data_ptr()
+            else:
+                addresses = self.spread([tensors[i].data_ptr() for i in self.distinct])
+                for start, end, first, last in self.runs:
+                    values[start:end] = addresses[first:last]
             run, x, y, z, function, packed_metadata = self.direct
             run(x, y, z, stream, function, packed_metadata, None, None, None, *values)
 

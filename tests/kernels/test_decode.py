@@ -852,6 +852,28 @@ def test_compiled_launch_orders_arguments_and_guards_specialisation(monkeypatch,
     assert launch.run((x2, y2, s2), stream=77) and len(compiled.calls) == 2 and len(compiled.direct) == 1
 
 
+def test_compiled_launch_reads_a_stand_ins_address_from_its_tensor():
+    """`same_as`: a parameter that always takes an earlier parameter's tensor (decode passes q for the absent
+    ones) gets that tensor's address, and the slots around it theirs -- with the tensor parameters' slots split
+    by an int (X, Y | 5 | S) and the stand-in in the middle run or the last one."""
+    from fa_amd.kernels.launch import CompiledLaunch
+
+    base = torch.zeros(64)
+    x, y, s = base[:8], base[16:24], base[32:40]
+    for same_as, pick in (([0, 0, 2], lambda a, b, c: (a, a, c)), ([0, 1, 0], lambda a, b, c: (a, b, a)),
+                          ([0, 1, 1], lambda a, b, c: (a, b, b)), ([0, 1, 2], lambda a, b, c: (a, b, c))):
+        compiled = _FakeCompiled()
+        launch = CompiledLaunch(_FakeKernel, compiled, (3, 1, 1), (x, y, 5), {"S": s, "K": 2, "num_warps": 4},
+                                ("X", "Y", "S"), hip=False, same_as=same_as)
+        x2, y2, s2 = base[8:16], base[24:32], base[40:48]
+        launch.launch(pick(x2, y2, s2), stream=77)
+        a, b, c = pick(x2, y2, s2)
+        assert list(compiled.direct[-1][9:13]) == [a.data_ptr(), b.data_ptr(), 5, c.data_ptr()], same_as
+        twin = launch.patched({"n": 6})
+        twin.launch(pick(x2, y2, s2), stream=77)
+        assert list(compiled.direct[-1][9:13]) == [a.data_ptr(), b.data_ptr(), 6, c.data_ptr()], same_as
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sinks", [False, True])
 def test_replayed_decode_launches_equal_the_jit_launches(sinks):
