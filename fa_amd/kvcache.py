@@ -478,8 +478,11 @@ def _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_sca
                     rotary_interleaved, num_splits, return_softmax_lse):
     """Everything the host checks of a plain call depend on; types too (True == 1 as a dict key)."""
     scalars = (softmax_scale, causal, softcap, rotary_interleaved, num_splits, return_softmax_lse, *window_size)
-    return (_tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(cache_seqlens),
-            _tensor_key(block_table), scalars, tuple(map(type, scalars)), torch.is_grad_enabled(), INTERPRET)
+    # (absent tensors as None, no call: this runs on every decode step)
+    return (_tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache),
+            None if cache_seqlens is None else _tensor_key(cache_seqlens),
+            None if block_table is None else _tensor_key(block_table), scalars, tuple(map(type, scalars)),
+            torch.is_grad_enabled(), INTERPRET)
 
 
 def _decode_plan_key(plain_key):
@@ -505,11 +508,14 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
         cache_seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
     elif cache_seqlens is not None:
         cache_seqlens_int, cache_seqlens = int(cache_seqlens), None
-    if block_table is not None and block_table.stride(-1) != 1:
-        block_table = block_table.contiguous()
-    _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache, q.shape[0])
+    if block_table is not None:
+        block_table = _contiguous_last(block_table)
+    if cache_seqlens is not None or block_table is not None:  # (device values; an int is in the checked key)
+        _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache,
+                            q.shape[0])
     plan_key = _decode_plan_key(plain_key)
-    q = _contiguous_last(q)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     plan = filed_plan(plan_key)  # (an int cache_seqlens is in the key, and in the plan's ints)
     if plan is not None:  # straight to its launch: decode is host-bound
         out, lse = run_filed_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, return_softmax_lse)
