@@ -366,9 +366,9 @@ def generate_markdown(results: List[GenerateResult], smoke: bool) -> str:
 def _generate_cell(r: GenerateResult) -> str:
     if not r.tokens_per_s:
         return "n/a"
-    tokens = r.tokens_per_s * r.seconds  # (new tokens per round)
     if len(r.rounds_s) < 2:
         return f"{r.tokens_per_s:.0f}"
+    tokens = r.tokens_per_s * r.seconds  # (new tokens per round)
     return f"{r.tokens_per_s:.0f} ({tokens / max(r.rounds_s):.0f} .. {tokens / min(r.rounds_s):.0f})"
 
 

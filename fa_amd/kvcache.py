@@ -514,8 +514,7 @@ def _plain_call(plain_key, q, k_cache, v_cache, cache_seqlens, block_table, caus
         _check_index_values(cache_seqlens, cache_seqlens_int, 0, capacity, None, None, block_table, k_cache,
                             q.shape[0])
     plan_key = _decode_plan_key(plain_key)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q = _contiguous_last(q)
     plan = filed_plan(plan_key)  # (an int cache_seqlens is in the key, and in the plan's ints)
     if plan is not None:  # straight to its launch: decode is host-bound
         out, lse = run_filed_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, return_softmax_lse)
