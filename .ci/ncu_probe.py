@@ -7,7 +7,7 @@ Compute's `--profile-from-start off` (the warm-up calls, compiles and launch-pla
 
 Rows (d128 bf16 unless named): decode-b1-2k / decode-b1-2k-sdpa (GQA 32/8, one query token, a 2k cache),
 decode-b64-2k / -sdpa, fp8-causal / bf16-causal / fp8-full / bf16-full (b4 s4k h16), fp8-gqa-causal /
-bf16-gqa-causal (h16/kv4).
+bf16-gqa-causal (h16/kv4), bwd-b32-s512-causal / -flex (the backward alone, b32 s512 h16 causal).
 """
 import os
 import sys
@@ -42,6 +42,23 @@ def prefill(hk, causal, fp8):
     return lambda: fa_amd.flash_attn_func(q8, k8, v8, causal=causal, **descales)
 
 
+def backward(method, batch=32, seqlen=512, heads=16, causal=True):
+    """(forward, backward): the backward of `method` (bench.MAKERS) on the bench's d128 row, its forward untimed."""
+    shape = bench.Shape(batch, seqlen, heads, heads, 128, causal)
+    fn, layout = bench.MAKERS[method](shape, "cuda")
+    q, k, v, dout = bench.make_inputs(shape, layout, torch.bfloat16, "cuda")
+    kept = []
+
+    def forward():
+        with torch.enable_grad():
+            out = fn(q, k, v)
+        kept.append(out[0] if isinstance(out, tuple) else out)
+
+    def run():
+        kept.pop().backward(dout)
+    return forward, run
+
+
 ROWS = {
     "decode-b1-2k": lambda: decode(1, 2048, "fa_amd"),
     "decode-b1-2k-sdpa": lambda: decode(1, 2048, "sdpa"),
@@ -53,6 +70,10 @@ ROWS = {
     "bf16-full": lambda: prefill(16, False, False),
     "fp8-gqa-causal": lambda: prefill(4, True, True),
     "bf16-gqa-causal": lambda: prefill(4, True, False),
+    # issue 17's b32 s512 d128 causal row: the backward alone (the delta preprocess and the fused dK/dV + dQ
+    # launch; Flex's own kernels)
+    "bwd-b32-s512-causal": lambda: backward("fa_amd"),
+    "bwd-b32-s512-causal-flex": lambda: backward("flex"),
 }
 
 
@@ -61,9 +82,12 @@ def main():
         print("\n".join(ROWS))
         return
     fn = ROWS[sys.argv[1]]()
+    before, fn = fn if isinstance(fn, tuple) else (lambda: None, fn)  # (a backward row: its forward untimed)
     with torch.no_grad():
         for _ in range(3):
+            before()
             fn()
+        before()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
         fn()

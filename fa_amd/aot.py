@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from .aot_launches import (_DKDV_KERNELS, DECODE_LAUNCHES, DECODE_ONLY_VARIANTS, DECODE_VARIANTS, FP8_LAUNCHES,
-                           LAUNCHES, TARGETS, VARIANTS, _arch_of, _kernel, launch_call, launch_config)
+                           LAUNCHES, SHORT_VARIANTS, TARGETS, VARIANTS, _arch_of, _kernel, launch_call, launch_config)
 
 # the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
 # them, and the RDNA parts that share the gfx1100 rows (built when named, or with --arch rdna / all)
@@ -278,8 +278,8 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
     if kernel in NAN_RULE_KERNELS:  # masked forwards only; the fix-up where the family lists it, else the pass
         return variant in ("", "causal", "all") and (
             (family in tables.FWD_NAN_FIXUP_FAMILIES) == (kernel == "nan_fixup"))
-    if variant == "short":
-        return _has_short(target, kernel, d_pad)
+    if variant in SHORT_VARIANTS and not _has_short(target, kernel, d_pad):
+        return False
     if variant == "split" and kernel not in _DKDV_KERNELS:
         return False
     if kernel == "dkdv_atomic":
@@ -383,7 +383,8 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) if (t, k, d) in known
                      for v in ("plain", "all")]
             # the tiles of "short" overrides, with every feature they can meet
-            jobs += [CompileJob(t, k, d, dtype, "short") for d in (64, 128, 256) if builds(t, k, d, variant="short")]
+            jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) for v in SHORT_VARIANTS
+                     if builds(t, k, d, variant=v)]
     return jobs
 
 

@@ -43,6 +43,8 @@ VARIANTS = {
     # every feature but the right edge, with at most tables.SHORT_SEQLEN_K keys per row: the tile of
     # the entry's "short" override; built only for entries that have one
     "short": dict(GROUP=2, **{k: v for k, v in ALL_FLAGS.items() if k != "HAS_RIGHT"}),
+    # every feature, short: the "short" override's own causal case (e.g. sm90's dK/dV DKDV_ONE_MASKED_LOOP)
+    "short_causal": dict(GROUP=2, **ALL_FLAGS),
     # "all" with the GQA group split over dK/dV programs (kernels.backward.dkdv_heads_per_program):
     # fp32 partial (or atomically summed) dK/dV buffers; dK/dV kernels only
     "split": dict(GROUP=2, SPLIT=True, **ALL_FLAGS),
@@ -52,6 +54,7 @@ VARIANTS = {
     "masked": dict(GROUP=2, IS_SOFTCAP=True, HAS_LEFT=True, HAS_RIGHT=True),
 }
 DECODE_ONLY_VARIANTS = ("dense", "varlen", "masked")
+SHORT_VARIANTS = ("short", "short_causal")
 
 @dataclass
 class Problem:
@@ -74,7 +77,7 @@ class Problem:
         f = VARIANTS[job.variant]
         return cls(job.dtype, job.head_dim, f.get("GROUP", 1), f.get("IS_VARLEN", False), f.get("IS_SOFTCAP", False),
                    f.get("HAS_ALIBI", False), f.get("HAS_LEFT", False), f.get("HAS_RIGHT", False),
-                   f.get("HAS_DROPOUT", False), job.variant == "short", f.get("SPLIT", False), job.variant)
+                   f.get("HAS_DROPOUT", False), job.variant in SHORT_VARIANTS, f.get("SPLIT", False), job.variant)
 
 
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}

@@ -52,8 +52,10 @@ def test_job_lists_cover_every_target_and_kernel():
             continue
         known = aot.KNOWN_SCRATCH
         expect = {"plain"} if k in ("preprocess", "rotary") else {"plain", "all"} if (t, k, d) in known else {"all"}
-        # the tile of a "short" override is built with its own variant; entries without one are not
-        assert got - {"short"} <= expect and ("short" in got) == aot.builds(t, k, d, variant="short"), (t, k, d, got)
+        # the tiles of a "short" override (and its causal case; FP8: one tile) are built with their own variants;
+        # entries without one are not
+        short = {"short"} if k in aot.FP8_KERNELS else set(aot.SHORT_VARIANTS)
+        assert got - short <= expect and (got & short == short) == aot.builds(t, k, d, variant="short"), (t, k, d, got)
     # the sm90 d128 forward has a "short" override (tables.SHORT_SEQLEN_K): its tile is in the CI subset
     assert any((j.target, j.kernel, j.head_dim, j.variant) == ("sm90", "fwd", 128, "short") for j in ci)
     full = aot.full_jobs(targets, aot.KERNELS)
@@ -133,6 +135,10 @@ def test_launch_calls_carry_the_launchers_dtypes():
     a, call = args("sm90", "fwd", "short", d=128)
     assert call.kwargs["BLOCK_N"] == 64 and a["POSITIVE_SCALE"]  # the "short" override's tile, sm90's raw max
     assert "waves_per_eu" not in call.kwargs
+    a, call = args("sm90", "fwd", "short_causal", d=128)
+    assert call.kwargs["BLOCK_N"] == 32 and a["HAS_RIGHT"]  # the "short" override's causal case
+    a, call = args("sm90", "dkdv_fused", "short_causal", d=128)
+    assert call.kwargs["DKDV_ONE_MASKED_LOOP"] == 1 and a["HAS_RIGHT"] and a["FUSED_DQ"]
 
 
 @pytest.mark.cpu_only

@@ -147,6 +147,21 @@ def test_dkdv_col_bounds_where_the_tables_say(cache_dir):
     assert "DKDV_COL_BOUNDS" not in get_config(SM90, "dq", 128)
 
 
+def test_dkdv_one_masked_loop_where_the_tables_say(cache_dir):
+    """DKDV_ONE_MASKED_LOOP (TUNING_NOTES v34) is on for sm90's short causal d64 / d128 dK/dV launches only (the
+    launcher passes short = at most SHORT_SEQLEN_K keys): off for long or non-causal ones, other head dims and
+    families; the dQ entry never takes it, so the launch still fuses."""
+    from fa_amd.tuning import bwd_fusable, get_bwd_config
+
+    for d in (64, 128):
+        for causal, short, on in ((True, True, 1), (True, False, 0), (False, True, 0), (False, False, 0)):
+            cfgs = get_bwd_config(SM90, d, causal=causal, short=short)
+            assert cfgs["dkdv"]["DKDV_ONE_MASKED_LOOP"] == on, (d, causal, short)
+            assert "DKDV_ONE_MASKED_LOOP" not in cfgs["dq"] and bwd_fusable("sm90", cfgs["dkdv"], cfgs["dq"])
+    for arch, d in ((SM90, 256), (SM90, 96), (GFX942, 128), (GFX1100, 64), (Arch("cuda", "sm80", 32), 128)):
+        assert get_bwd_config(arch, d, causal=True, short=True)["dkdv"]["DKDV_ONE_MASKED_LOOP"] == 0, (arch, d)
+
+
 def test_ensure_tuned_is_a_noop_without_gpu_or_env(cache_dir, monkeypatch):
     monkeypatch.delenv(autotune.AUTOTUNE_ENV, raising=False)
     autotune.ensure_tuned(GFX942, 128)  # env off: nothing happens

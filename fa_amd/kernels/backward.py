@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..arch import arch_for, num_sms
 from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_config, gqa_split_sum, grouped_order, \
-    head_dim_chunks, memo_get, memo_put, nondeterministic_dq, program_group, table_rows
+    head_dim_chunks, is_short, memo_get, memo_put, nondeterministic_dq, program_group, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, load_row_tile, query_ranges, \
     zero_rows
@@ -84,14 +84,20 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                     MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
-                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr, COL_BOUNDS: tl.constexpr):
-    for start_m in range(start, end, BLOCK_M):
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr, COL_BOUNDS: tl.constexpr,
+                    skip_at=0, skip=0, SKIPS: tl.constexpr = False):
+    # SKIPS: the loop runs the query blocks [start, skip_at) and then [skip_at + skip, end + skip) -- two masked
+    # ranges in one loop (DKDV_ONE_MASKED_LOOP), its iteration `it` counting as if they were adjacent
+    for it in range(start, end, BLOCK_M):
+        start_m = it
+        if SKIPS:
+            start_m = it + skip * (it >= skip_at).to(tl.int32)
         rows = start_m + offs_m
         if RELOAD_CHUNK:
             # every d-wide operand comes from memory next to the dot that needs it
             Q_rows = Q_head + rows[:, None] * stride_qm
             DO_rows = DO_head + rows[:, None] * stride_dom
-            kv_live = cols[:, None] < in_loop(k_len, start_m, end)
+            kv_live = cols[:, None] < in_loop(k_len, it, end)
             if MASK:
                 q_row_ok = rows[:, None] < q_len
                 lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
@@ -242,12 +248,13 @@ def _dkdv_program(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, pid_n, pid_h, b, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
-    SPLIT_EARLY_RETURN: tl.constexpr, COL_BOUNDS: tl.constexpr,
+    SPLIT_EARLY_RETURN: tl.constexpr, COL_BOUNDS: tl.constexpr, ONE_MASKED_LOOP: tl.constexpr = 0,
 ):
     """The dK/dV program of key block pid_n, axis-1 slot pid_h and sequence b (WANT_DK / WANT_DV: which of the
     two it computes; D_HI: the width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none;
     SPLIT_EARLY_RETURN: a DKDV_SPLIT program past its sequence returns early too,
-    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES; COL_BOUNDS: the kernel switch DKDV_COL_BOUNDS)."""
+    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES; COL_BOUNDS, ONE_MASKED_LOOP: the kernel switches DKDV_COL_BOUNDS,
+    DKDV_ONE_MASKED_LOOP)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
@@ -320,16 +327,21 @@ def _dkdv_program(
         Lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         Delta_head = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
         DQ_head = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
-        if HAS_RIGHT:
+        if ONE_MASKED_LOOP or HAS_RIGHT:
+            # the diagonal's masked query blocks [lo, full_lo); ONE_MASKED_LOOP: the tail's [full_hi, hi) too, in the
+            # same loop -- one software pipeline fewer to fill and drain per program (TUNING_NOTES v34)
+            masked_end = full_lo
+            if ONE_MASKED_LOOP:
+                masked_end = full_lo + (hi - full_hi)
             dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
                 dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
                 DQ_head, stride_qm, stride_dom, stride_dqm,
-                lo, full_lo, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
+                lo, masked_end, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
                 qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
-                COL_BOUNDS)
+                COL_BOUNDS, full_lo, full_hi - full_lo, ONE_MASKED_LOOP)
         dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
             dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
             DQ_head, stride_qm, stride_dom, stride_dqm,
@@ -339,14 +351,15 @@ def _dkdv_program(
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
             HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
                 COL_BOUNDS)
-        dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
-            dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
-            DQ_head, stride_qm, stride_dom, stride_dqm,
-            full_hi, hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
-            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-            sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
-            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
+        if not ONE_MASKED_LOOP:
+            dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
+                dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
+                DQ_head, stride_qm, stride_dom, stride_dqm,
+                full_hi, hi, cols, offs_m, offs_d, offs_dh, diag, q_len, k_len,
+                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+                sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
+                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
                 COL_BOUNDS)
     dk = dk * sm_scale
     if D_HI:
@@ -419,6 +432,7 @@ def attn_bwd_dkdv_kernel(
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0, SPLIT_EARLY_RETURN: tl.constexpr = False,
     pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, DKDV_COL_BOUNDS: tl.constexpr = 0,
+    DKDV_ONE_MASKED_LOOP: tl.constexpr = 0,
 ):
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # zeroed rows span D_ROW columns
@@ -436,7 +450,9 @@ def attn_bwd_dkdv_kernel(
         if pid_n >= n_kv_programs:
             n_q_blocks = tl.cdiv(seqlen_q, DQ_BLOCK_M)
             j = pid_n - n_kv_programs
-            g = j // n_q_blocks
+            g = j * 0  # (one head per slot: no runtime division)
+            if heads_per_prog > 1:
+                g = j // n_q_blocks
             _dq_program(Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                         stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                         stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
@@ -476,7 +492,7 @@ def attn_bwd_dkdv_kernel(
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, False, D_HI,
-                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -489,7 +505,7 @@ def attn_bwd_dkdv_kernel(
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, pid_h, b,
                           False, True, D_HI,
-                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -501,7 +517,7 @@ def attn_bwd_dkdv_kernel(
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                       INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, True, D_HI,
-                      SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS)
+                      SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
 
 
 @triton.jit
@@ -854,10 +870,11 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     family = family_of(arch)
     # a head dim that is not a power of two may run as two chunks (tables.HEAD_DIM_SPLIT_FAMILIES)
     d_lo, d_hi = head_dim_chunks(arch, d, d_pad)
-    cfgs = get_bwd_config(arch, d_lo + d_hi, q.dtype == torch.float32, flags["HAS_RIGHT"])
+    short = is_short(max_seqlen_k)
+    cfgs = get_bwd_config(arch, d_lo + d_hi, q.dtype == torch.float32, flags["HAS_RIGHT"], short)
     if d_hi and any(cfg["RELOAD_CHUNK"] for cfg in cfgs.values()):  # (the reloading kernels take one chunk)
         d_lo, d_hi = d_pad, 0
-        cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"])
+        cfgs = get_bwd_config(arch, d_pad, q.dtype == torch.float32, flags["HAS_RIGHT"], short)
     cu_q = cu_seqlens_q if varlen else q
     cu_k = cu_seqlens_k if varlen else q
     delta = new_output(lse, lse.shape)

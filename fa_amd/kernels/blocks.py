@@ -13,6 +13,17 @@ import triton.language as tl
 
 
 @triton.jit
+def div_small(x, d):
+    """x // d for 0 <= x < 2**22 and 1 <= d < 2**22 (the caller guarantees it): an fp32 quotient, within one of
+    the true one there, and one correction step.  About a dozen instructions where Triton's exact integer
+    division by a runtime value takes ~40 in a serial chain (sm90 SASS): the program-id arithmetic at the start of
+    every program of the short launches (TUNING_NOTES v34)."""
+    q = (x.to(tl.float32) / d.to(tl.float32)).to(tl.int32)
+    r = x - q * d
+    return tl.where(r < 0, q - 1, tl.where(r >= d, q + 1, q))
+
+
+@triton.jit
 def grouped_program_ids(group_size, GROUPED: tl.constexpr):
     """(axis-0 index, head, batch index) of this program on a (per-pair programs, heads, batch) grid, in groups
     of `group_size` (>= 1) consecutive (batch, head) pairs, heads fastest (a GQA group's heads stay together):
@@ -24,16 +35,38 @@ def grouped_program_ids(group_size, GROUPED: tl.constexpr):
     grid order alone: no index arithmetic live in the kernel (it cost gfx908 a 28 B spill under triton 3.2)."""
     if not GROUPED:
         return tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_0 = tl.num_programs(0)
-    n_h = tl.num_programs(1)
-    n_bh = n_h * tl.num_programs(2)
-    linear = tl.program_id(0) + n_0 * (tl.program_id(1) + n_h * tl.program_id(2))
-    group = linear // (n_0 * group_size)
-    rank = linear - group * (n_0 * group_size)
+    pid_0 = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    if group_size > 1:  # (group_size 1: the grid order, no arithmetic)
+        n_h = tl.num_programs(1)
+        n_bh = n_h * tl.num_programs(2)
+        if tl.num_programs(0) * group_size < 4194304 and n_bh < 4194304:  # (2**22: div_small's range)
+            pid_0, h, b = _grouped_ids(pid_0, h + n_h * b, n_h, n_bh, group_size, True)
+        else:
+            pid_0, h, b = _grouped_ids(pid_0, h + n_h * b, n_h, n_bh, group_size, False)
+    return pid_0, h, b
+
+
+@triton.jit
+def _grouped_ids(pid_0, pair, n_h, n_bh, group_size, SMALL: tl.constexpr):
+    """grouped_program_ids' remapping of program (pid_0, pair in grid order); SMALL: every index below 2**22
+    (divisions through div_small).  The grid-order linear index pid_0 + n_0 * pair falls in group
+    pair // group_size, at rank pid_0 + n_0 * (pair % group_size) within it."""
+    group = _div(pair, group_size, SMALL)
+    rank = pid_0 + tl.num_programs(0) * (pair - group * group_size)
     size = tl.minimum(n_bh - group * group_size, group_size)  # the last group may be partial
-    pid_0 = rank // size
+    pid_0 = _div(rank, size, SMALL)
     bh = group * group_size + (rank - pid_0 * size)
-    return pid_0, bh % n_h, bh // n_h
+    b = _div(bh, n_h, SMALL)
+    return pid_0, bh - b * n_h, b
+
+
+@triton.jit
+def _div(x, d, SMALL: tl.constexpr):
+    if SMALL:
+        return div_small(x, d)
+    return x // d
 
 
 @triton.jit

@@ -175,11 +175,13 @@ def get_fwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, caus
     return get_config(arch, "fwd", head_dim_padded, is_fp32, causal, short, fp8)
 
 
-def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False) -> Dict[str, Dict]:
+def get_bwd_config(arch: Arch, head_dim_padded: int, is_fp32: bool = False, causal: bool = False,
+                   short: bool = False) -> Dict[str, Dict]:
     # the tables in force are looked up once for the three kernels (environment and tuned-file
-    # checks are most of a cached lookup's host time)
+    # checks are most of a cached lookup's host time); short: at most tables.SHORT_SEQLEN_K keys per row
     rows = _table_rows(arch, head_dim_padded)
-    return {k: _cached_config(rows, arch, k, head_dim_padded, is_fp32, causal) for k in ("dkdv", "dq", "dkdv_atomic")}
+    return {k: _cached_config(rows, arch, k, head_dim_padded, is_fp32, causal, short)
+            for k in ("dkdv", "dq", "dkdv_atomic")}
 
 
 def _family_choice(name: str, family: str, default: str, choices: tuple) -> str:

@@ -176,7 +176,10 @@ TABLES = {
         {"head_dim": 64,
          "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
-         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+         # short causal launches: DKDV_ONE_MASKED_LOOP (the d128 entry's timing; d64 b16 s1k causal fwd+bwd 0.990
+         # vs 1.008 ms, b32 s512 0.692 vs 0.796 at best, b4 s4k level)
+         "dkdv": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
+                  "short": {"causal": {"DKDV_ONE_MASKED_LOOP": 1}}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}},
         # Head dims run as 64 + 32 (HEAD_DIM_SPLIT_FAMILIES: d96; d80 = 64 + 16 too): the d128 row but a
         # causal forward tile of 128x64/w4/s3 (.ci/head_split_ab.py --tiles, TILESET=d96, H100, 2026-11-24,
@@ -215,8 +218,13 @@ TABLES = {
          # 1.269 -> 1.254, b8 s2k 2.291 -> 2.283, b2 s8k 8.568 -> 8.517, h16/kv4 b4 s4k 4.415 -> 4.199, b1 s16k
          # 17.51 -> 16.90; causal lost (5 rounds: b32 s512 0.673 -> 0.692, b4 s4k 2.430 -> 2.900, h16/kv4 b2 s4k
          # 1.171 -> 1.403).  Not under triton >= 3.7 (more stack there, untimed).
+         # DKDV_ONE_MASKED_LOOP on short causal launches (.ci/bwd_spill_ab.py, H200, 2026-11-29, 5 interleaved
+         # rounds, fwd+bwd ms, off -> on, Flex): b32 s512 0.669 -> 0.647 (0.652), b16 s1k 0.930 -> 0.905 (0.933);
+         # b4 s4k level (2.503 -> 2.501), h16/kv4 b2 s4k 1.176 -> 1.225, full rows lost (b32 s512 0.755 -> 0.785).
+         # sm90 causal build (triton 3.6): 144 -> 40 B of ptxas stack, spill loads in the masked loop 23 -> 3.
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2},
-                  "triton<3.7": {"DKDV_COL_BOUNDS": 1}, "causal": {"DKDV_COL_BOUNDS": 0}},
+                  "triton<3.7": {"DKDV_COL_BOUNDS": 1}, "causal": {"DKDV_COL_BOUNDS": 0},
+                  "short": {"causal": {"DKDV_ONE_MASKED_LOOP": 1}}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": {"num_stages": 2}}},
         # Head dims run as 128 + 64 (HEAD_DIM_SPLIT_FAMILIES: d192; d144 / d160 = 128 + 16 / 32 too).
         # .ci/head_split_ab.py --tiles (H100, 2026-11-24, 5 interleaved rounds, d192 h10 causal, TFLOP/s, s1k / s4k): fwd 128x64/w8/s3
@@ -445,10 +453,15 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   crosses the software pipeline's stages.  Same gradients for finite inputs.  sm90 d128 64x128/w8/s3 bf16
 #   under triton 3.6: ptxas stack 104 / 144 B -> 32 / 0 B (plain / causal fused launch); under 3.9 it is worse,
 #   64 / 112 -> 144 / 176 B.  On for sm90 d128 non-causal launches under triton < 3.7 (its table entry has the timing).
-KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0, "DKDV_COL_BOUNDS": 0}
+#   DKDV_ONE_MASKED_LOOP (dK/dV kernel only): 1 runs a dK/dV program's masked query blocks (the causal diagonal's
+#   and the ragged or windowed tail's) in one loop before the unmasked ones, instead of one loop on each side: one
+#   software pipeline fewer to fill and drain per program (its prologue issues predicated loads even when the tail
+#   is empty).  Sums dK / dV in another order (deterministic still).
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0, "DKDV_COL_BOUNDS": 0, "DKDV_ONE_MASKED_LOOP": 0}
 # Switches that only some kernels take, with the table kernels whose launch dicts carry them
 # (the others never see them: an entry that sets one is an error); unlisted switches: every kernel.
-SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic"), "DKDV_COL_BOUNDS": ("dkdv", "dkdv_atomic")}
+SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic"), "DKDV_COL_BOUNDS": ("dkdv", "dkdv_atomic"),
+                  "DKDV_ONE_MASKED_LOOP": ("dkdv", "dkdv_atomic")}
 
 
 # --------------------------------------------------------------------------- decode (kernels/decode.py)

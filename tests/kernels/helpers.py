@@ -117,3 +117,34 @@ def check_dropout_alibi(device, causal: bool):
                                              deterministic=True, causal=causal)
     kw = dict(alibi_slopes=slopes, dropout_p=p, dropout_mask=s_dmask >= 0, causal=causal)
     compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
+
+
+def dkdv_switch_patcher(monkeypatch, device, switch: str):
+    """A function patch(**extra) that sets the dK/dV kernel switch `switch` (tables.KERNEL_SWITCHES) to 1 in
+    every case of every dK/dV entry of `device`'s family (dropped from their overrides), plus `extra`; called
+    once here.  Outputs are poisoned and no tuned table is read from disk."""
+    from fa_amd import tuning
+    from fa_amd.arch import arch_for
+    from fa_amd.kernels import launch
+    from fa_amd.tuning.tables import TABLES
+
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(tuning, "_overrides", lambda: {})
+    arch = arch_for(torch.empty(0, device=device))
+    family = tuning.family_of(arch)
+
+    def switched_on(entry, **extra):  # the switch set at the top and dropped from every override of the entry
+        entry = {k: (switched_on(v) if isinstance(v, dict) else v) for k, v in entry.items()}
+        entry.pop(switch, None)
+        return dict(entry, **extra)
+
+    def patch(**extra):
+        rows = [{k: (switched_on(v, **{switch: 1}, **extra) if k in ("dkdv", "dkdv_atomic") else v)
+                 for k, v in row.items()} for row in TABLES[family]]
+        monkeypatch.setitem(TABLES, family, rows)
+        tuning._RESOLVED.clear()  # no launch plan of an earlier test
+        assert tuning.get_config(arch, "dkdv", 128)[switch] == 1
+        assert tuning.get_config(arch, "dkdv", 128, causal=True)[switch] == 1
+        assert switch not in tuning.get_config(arch, "dq", 128)
+    patch()
+    return patch

@@ -4,11 +4,14 @@ matches the float64 reference.  Odd shapes: the last group partial, GQA, varlen 
 tail program row, dK/dV with its fused dQ programs.  The GPU test times nothing: it checks bits on the device."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fa_amd
 import fa_amd.tuning as tuning
 from fa_amd.arch import Arch
 from fa_amd.kernels import backward, forward
+from fa_amd.kernels.blocks import _grouped_ids, div_small, grouped_program_ids
 from fa_amd.tuning import tables
 
 from .helpers import compare_dense, cu_seqlens, dense_qkv, randn
@@ -93,6 +96,61 @@ def test_fp8_same_bits(device, forced_group):
         forced_group(group)
         outs[group] = fa_amd.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(outs[1], outs[3])
+
+
+@triton.jit
+def _div_kernel(X, D, Q, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(Q + offs, div_small(tl.load(X + offs, mask=ok, other=0), tl.load(D + offs, mask=ok, other=1)), mask=ok)
+
+
+@pytest.mark.cpu_only
+def test_div_small():
+    """div_small is x // d over its range: random pairs, the range's edges, exact multiples and their neighbours."""
+    gen = torch.Generator().manual_seed(5)
+    top = 2 ** 22
+    x = torch.cat([torch.randint(0, top, (4000,), generator=gen), torch.tensor([0, 1, top - 1, top - 1, top - 2, 12345])])
+    d = torch.cat([torch.randint(1, 64, (2000,), generator=gen), torch.randint(1, top, (2000,), generator=gen),
+                   torch.tensor([1, 1, 1, top - 1, 3, 12345])])
+    exact = torch.randint(1, 2 ** 11, (1000,), generator=gen)
+    mult = torch.randint(0, 2 ** 11, (1000,), generator=gen)
+    x = torch.cat([x, exact * mult, exact * mult + 1, (exact * mult - 1).clamp(min=0)]).to(torch.int32)
+    d = torch.cat([d, exact, exact, exact]).to(torch.int32)
+    q = torch.full_like(x, -7)
+    _div_kernel[(triton.cdiv(x.numel(), 256),)](x, d, q, x.numel(), BLOCK=256)
+    assert torch.equal(q, torch.div(x, d, rounding_mode="floor"))
+
+
+@triton.jit
+def _ids_kernel(Out, group_size, SMALL: tl.constexpr):
+    pid_0 = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    if SMALL:
+        got = grouped_program_ids(group_size, True)
+    else:  # the exact branch's arithmetic, which launches below 2**22 programs never take
+        got = _grouped_ids(pid_0, h + tl.num_programs(1) * b, tl.num_programs(1),
+                           tl.num_programs(1) * tl.num_programs(2), group_size, False)
+    at = ((b * tl.num_programs(1) + h) * tl.num_programs(0) + pid_0) * 3
+    tl.store(Out + at, got[0])
+    tl.store(Out + at + 1, got[1])
+    tl.store(Out + at + 2, got[2])
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("group", [1, 2, 3, 16])
+def test_grouped_ids_both_branches(group):
+    """grouped_program_ids (div_small) and the exact branch map a grid with a partial last group the same way,
+    onto every (pid_0, head, batch) once."""
+    grid = (5, 3, 7)
+    got = {}
+    for small in (True, False):
+        out = torch.full((grid[2], grid[1], grid[0], 3), -1, dtype=torch.int32)
+        _ids_kernel[grid](out, group, SMALL=small)
+        got[small] = out.reshape(-1, 3)
+    assert torch.equal(got[True], got[False])
+    assert len({tuple(r) for r in got[True].tolist()}) == grid[0] * grid[1] * grid[2]
 
 
 def test_rule():
