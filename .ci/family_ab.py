@@ -33,8 +33,8 @@ def family_modes(table: str, on: str, off: str) -> dict:
     return {on: others + (family,), off: others}
 
 
-def _timed(shape, method, direction, table, modes):
-    make = bench.MAKERS[method] if method not in modes else bench.make_fa_amd
+def _timed(shape, method, direction, table, modes, maker="fa_amd"):
+    make = bench.MAKERS[method if method not in modes else maker]
     fn, layout = make(shape, DEVICE)
     q, k, v, dout = bench.make_inputs(shape, layout, DTYPE, DEVICE)
 
@@ -59,25 +59,30 @@ def _rounds(timed):
     return {key: [1.0] for key in timed}
 
 
-def run(table: str, on: str, off: str, rows, peers=("flex",)) -> dict:
+def run(table: str, on: str, off: str, rows, peers=("flex",), maker="fa_amd") -> dict:
     """Print one markdown row per (shape, "fwd" | "fwd+bwd") in `rows`: TFLOP/s of on, off and the peers, and
-    off / on (median ms).  The table is put back afterwards; returns {(label, direction): {method: ms}}."""
+    off / on (median ms); on and off run bench.MAKERS[maker] (e.g. "fa_amd_fp8": FP8 inputs).  The table is put
+    back afterwards; returns {(label, direction): {method: ms}}."""
     modes = family_modes(table, on, off)
     saved = getattr(tables, table)
     methods = (on, off) + tuple(() if SMOKE else peers)
     name = torch.cuda.get_device_name() if not SMOKE else "CPU interpreter (smoke)"
-    print(name, "torch", torch.__version__, f"| tables.{table}: {on} / {off}, TFLOP/s, median of", ROUNDS, "rounds")
+    print(name, "torch", torch.__version__, f"| tables.{table}: {on} / {off} ({maker}), TFLOP/s, median of", ROUNDS,
+          "rounds")
     print("| row | direction | " + " | ".join(methods) + f" | {off} / {on} (ms) |")
     print("|---|---|" + "---|" * (len(methods) + 1))
     medians = {}
     try:
         for shape, direction in rows:
-            times = _rounds({m: _timed(shape, m, direction, table, modes) for m in methods})
+            times = _rounds({m: _timed(shape, m, direction, table, modes, maker) for m in methods})
             med = {m: statistics.median(times[m]) for m in methods}
             mult = 1.0 if direction == "fwd" else 3.5
             print(f"| {shape.label} | {direction} | " + " | ".join(
                 f"{mult * shape.fwd_flops() / med[m] / 1e9:.0f}" for m in methods) + f" | {med[off] / med[on]:.3f} |",
                 flush=True)
+            if os.environ.get("SHOW_ROUNDS") == "1":  # every round's ms, in the order the rounds ran
+                print("  rounds (ms): " + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in times[m]) for m in methods),
+                      flush=True)
             medians[(shape.label, direction)] = med
             if not SMOKE:
                 torch.cuda.empty_cache()

@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("nan_fixup_ab.py", "FWD_NAN_FIXUP_FAMILIES", ("fixup", "pass")),
     ("bwd_delta_ab.py", "BWD_DELTA_IN_DQ_FAMILIES", ("dq first", "preprocess")),
     ("split_return_ab.py", "DKDV_SPLIT_EARLY_RETURN_FAMILIES", ("early return", "empty ranges")),
+    ("even_ab.py", "EVEN_QK_FAMILIES", ("whole blocks", "bounded")),
 ])
 def test_family_ab_scripts_switch_their_table(script, table, routes):
     code = (f"import runpy, sys; sys.argv = ['{script}']; sys.path.insert(0, {os.path.join(ROOT, '.ci')!r})\n"
@@ -23,8 +24,8 @@ def test_family_ab_scripts_switch_their_table(script, table, routes):
             f"before = tables.{table}\n"
             "seen = []\n"
             "real = family_ab._timed\n"
-            "def spy(shape, method, direction, table, modes):\n"
-            "    call, grads = real(shape, method, direction, table, modes)\n"
+            "def spy(shape, method, direction, table, modes, *maker):\n"
+            "    call, grads = real(shape, method, direction, table, modes, *maker)\n"
             "    def wrapped():\n"
             "        call()\n"
             "        seen.append((method, getattr(tables, table)))\n"

@@ -414,8 +414,8 @@ def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
     monkeypatch.setattr(forward, "memo_get", lambda *a: False)  # (the JIT path, not a replayed plan)
     real_launch, real_jit_launch = forward.launch, forward.jit_launch
 
-    def forward_then_fail(kernel, *args):
-        real_launch(kernel, *args)
+    def forward_then_fail(kernel, *args, **kwargs):
+        real_launch(kernel, *args, **kwargs)
         raise KeyboardInterrupt
 
     def failing_fixup(kernel, *args):

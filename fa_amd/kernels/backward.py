@@ -30,10 +30,10 @@ from ..tuning import bwd_fusable, bwd_preprocess_config, family_of, get_bwd_conf
     head_dim_chunks, is_short, memo_get, memo_put, nondeterministic_dq, program_group, table_rows
 from ..tuning import tables
 from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, load_row_tile, query_ranges, \
-    zero_rows
+    store_cols_t, whole_blocks, zero_rows
 from .launch import (
-    LaunchPlan, alias_pattern, cdiv, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch, lse_strides,
-    new_output, recording, row_strides, score_args, shape_info)
+    LaunchPlan, alias_pattern, cdiv, even_qk, grid_blocks, head_dim_padded, jit_launch, kernel_args, launch,
+    lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, score_log2, seq_bounds, \
     sink_grad_rows, tail_start
 
@@ -85,9 +85,12 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                     HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
                     WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr, COL_BOUNDS: tl.constexpr,
-                    skip_at=0, skip=0, SKIPS: tl.constexpr = False):
+                    skip_at=0, skip=0, SKIPS: tl.constexpr = False, EVEN: tl.constexpr = False):
     # SKIPS: the loop runs the query blocks [start, skip_at) and then [skip_at + skip, end + skip) -- two masked
-    # ranges in one loop (DKDV_ONE_MASKED_LOOP), its iteration `it` counting as if they were adjacent
+    # ranges in one loop (DKDV_ONE_MASKED_LOOP), its iteration `it` counting as if they were adjacent.
+    # EVEN (EVEN_QK): every query block is whole, so a masked block's loads need no row bounds; only its scores
+    # are masked
+    ROWS_MASKED: tl.constexpr = MASK and not EVEN
     for it in range(start, end, BLOCK_M):
         start_m = it
         if SKIPS:
@@ -98,7 +101,7 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
             Q_rows = Q_head + rows[:, None] * stride_qm
             DO_rows = DO_head + rows[:, None] * stride_dom
             kv_live = cols[:, None] < in_loop(k_len, it, end)
-            if MASK:
+            if ROWS_MASKED:
                 q_row_ok = rows[:, None] < q_len
                 lse = tl.load(Lse_head + rows, mask=rows < q_len, other=float("inf"))
                 delta = tl.load(Delta_head + rows, mask=rows < q_len, other=0.0)
@@ -111,13 +114,13 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
         else:
             qT_ptrs = Q_head + rows[None, :] * stride_qm + offs_d[:, None]
             do_ptrs = DO_head + rows[:, None] * stride_dom + offs_d[None, :]
-            if COL_BOUNDS and (MASK or D_PAD == HEAD_DIM):
+            if COL_BOUNDS and (ROWS_MASKED or D_PAD == HEAD_DIM):
                 # DKDV_COL_BOUNDS: addresses from the block's scalar start plus loop-invariant offsets, and past
                 # the last row lse = 0 (zero-filled; the score mask below drops those rows): no row vector or
                 # lse mask is carried across the software pipeline's stages (sm90: spills at 64x128/w8/s3)
                 qT_offs = offs_m[None, :] * stride_qm + offs_d[:, None]
                 do_offs = offs_m[:, None] * stride_dom + offs_d[None, :]
-                if MASK:
+                if ROWS_MASKED:
                     rows_left = q_len - start_m
                     qT = tl.load(Q_head + start_m * stride_qm + qT_offs,
                                  mask=(offs_m[None, :] < rows_left) & (offs_d[:, None] < HEAD_DIM), other=0.0)
@@ -130,7 +133,7 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                     do = tl.load(DO_head + start_m * stride_dom + do_offs)
                     lse = tl.load(Lse_head + start_m + offs_m)
                     delta = tl.load(Delta_head + start_m + offs_m)
-            elif MASK:
+            elif ROWS_MASKED:
                 qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
                 do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 # rows past the end get lse=+inf, hence p=0: they add nothing
@@ -148,9 +151,9 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
             sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
             if D_HI:  # the head dim's second chunk (columns D_PAD..)
                 qT_hi = load_cols_t(Q_head + rows[None, :] * stride_qm, rows[None, :] < q_len, offs_dh[:, None],
-                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                                    HEAD_DIM, D_PAD + D_HI, ROWS_MASKED)
                 do_hi = load_cols_t(DO_head + rows[:, None] * stride_dom, rows[:, None] < q_len, offs_dh[None, :],
-                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                                    HEAD_DIM, D_PAD + D_HI, ROWS_MASKED)
                 sT = tl.dot(k_hi, qT_hi, sT, input_precision=INPUT_PRECISION)
         if (MASK and COL_BOUNDS) and not RELOAD_CHUNK:  # (triton 3.2: no chained and)
             sT, tT = score_log2(sT, start_m + offs_m[None, :], cols[:, None], diag, k_len, qk_scale_log2,
@@ -169,14 +172,14 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
         else:
             sT, tT = score_log2(sT, rows[None, :], cols[:, None], diag, k_len, qk_scale_log2, softcap_div,
                                 softcap_log2, slope_log2, win_left, win_right,
-                                MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+                                MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, not EVEN)
         pT = tl.exp2(sT - (lse * LOG2E)[None, :])
         # (WANT_DK / WANT_DV: which accumulators this program holds; both but in DKDV_SPLIT programs)
         if RELOAD_CHUNK:
             if WANT_DK:
                 dpT = dot_rows_nt(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), v_rows, kv_live, DO_rows,
                                   q_row_ok, HEAD_DIM, D_PAD, RELOAD_CHUNK, INPUT_PRECISION)
-            do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+            do = load_row_tile(DO_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, ROWS_MASKED)
         elif WANT_DK:
             dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
             if D_HI:
@@ -200,7 +203,7 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
             if IS_SOFTCAP:
                 dsT = dsT * (1.0 - tT * tT)
             if RELOAD_CHUNK:
-                q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, MASK)
+                q = load_row_tile(Q_rows + offs_d[None, :], rows, q_len, offs_d, HEAD_DIM, D_PAD, ROWS_MASKED)
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
             else:
                 ds_op = dsT.to(qT.dtype)
@@ -216,7 +219,7 @@ def _bwd_dkdv_inner(dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows,
                 k_op = k
             dq = tl.dot(tl.trans(dsT.to(k_op.dtype)), k_op, input_precision=INPUT_PRECISION) * sm_scale
             dq_ptrs = DQ_head + rows[:, None] * stride_dqm + offs_d[None, :]
-            if MASK:
+            if ROWS_MASKED:
                 tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
             else:
                 tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
@@ -249,18 +252,20 @@ def _dkdv_program(
     INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD_CHUNK: tl.constexpr,
     ATOMIC_DKDV: tl.constexpr, pid_n, pid_h, b, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, D_HI: tl.constexpr,
     SPLIT_EARLY_RETURN: tl.constexpr, COL_BOUNDS: tl.constexpr, ONE_MASKED_LOOP: tl.constexpr = 0,
+    EVEN: tl.constexpr = False,
 ):
     """The dK/dV program of key block pid_n, axis-1 slot pid_h and sequence b (WANT_DK / WANT_DV: which of the
     two it computes; D_HI: the width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none;
     SPLIT_EARLY_RETURN: a DKDV_SPLIT program past its sequence returns early too,
     tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES; COL_BOUNDS, ONE_MASKED_LOOP: the kernel switches DKDV_COL_BOUNDS,
-    DKDV_ONE_MASKED_LOOP)."""
+    DKDV_ONE_MASKED_LOOP; EVEN: EVEN_QK, whole query and key blocks)."""
     # program axis 1 = KV heads x group slices: this program sums query heads
     # [pid_h * heads_per_prog, +heads_per_prog) and writes dK/dV head pid_h
     # (DK/DV have hk * GROUP / heads_per_prog heads; == hk when unsplit)
     hk = pid_h * heads_per_prog // GROUP
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
+    q_len, k_len = whole_blocks(q_len, k_len, BLOCK_M, BLOCK_N, EVEN)
     n0 = pid_n * BLOCK_N
     if (WANT_DK and WANT_DV) or SPLIT_EARLY_RETURN:
         if n0 >= k_len:  # a key block past this sequence (varlen)
@@ -270,7 +275,6 @@ def _dkdv_program(
     cols = n0 + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
-    kv_mask = (cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
     if RELOAD_CHUNK:
         k = 0.0  # streamed from memory per query block by _bwd_dkdv_inner
         v = 0.0
@@ -279,10 +283,10 @@ def _dkdv_program(
         v_rows = (V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
                   + cols[:, None] * stride_vn)
     else:
-        k = tl.load(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
-                    + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-                    + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = load_cols_t(K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
+                        + cols[:, None] * stride_kn, cols[:, None] < k_len, offs_d[None, :], HEAD_DIM, D_PAD, not EVEN)
+        v = load_cols_t(V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+                        + cols[:, None] * stride_vn, cols[:, None] < k_len, offs_d[None, :], HEAD_DIM, D_PAD, not EVEN)
         k_rows = K  # unused
         v_rows = V  # unused
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
@@ -341,7 +345,7 @@ def _dkdv_program(
                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
-                COL_BOUNDS, full_lo, full_hi - full_lo, ONE_MASKED_LOOP)
+                COL_BOUNDS, full_lo, full_hi - full_lo, ONE_MASKED_LOOP, EVEN)
         dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
             dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
             DQ_head, stride_qm, stride_dom, stride_dqm,
@@ -350,7 +354,7 @@ def _dkdv_program(
             sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
             HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
-                COL_BOUNDS)
+            COL_BOUNDS, EVEN=EVEN)
         if not ONE_MASKED_LOOP:
             dk, dv, dk_hi, dv_hi = _bwd_dkdv_inner(
                 dk, dv, dk_hi, dv_hi, k, v, k_hi, v_hi, k_rows, v_rows, Q_head, DO_head, Lse_head, Delta_head,
@@ -360,7 +364,7 @@ def _dkdv_program(
                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
-                COL_BOUNDS)
+            COL_BOUNDS, EVEN=EVEN)
     dk = dk * sm_scale
     if D_HI:
         dk_hi = dk_hi * sm_scale
@@ -371,21 +375,18 @@ def _dkdv_program(
                        b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn, out_head.to(tl.int64),
                        stride_dkn, stride_dkh, stride_dvn, stride_dvh, cols, offs_dh, k_len, HEAD_DIM,
                        ATOMIC_DKDV, WANT_DK, WANT_DV)
+    # ATOMIC_DKDV: slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
+    out_head = pid_h
     if ATOMIC_DKDV:
-        # slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
-        if WANT_DK:
-            tl.atomic_add(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + hk.to(tl.int64) * stride_dkh
-                          + cols[:, None] * stride_dkn + offs_d[None, :], dk, mask=kv_mask, sem="relaxed")
-        if WANT_DV:
-            tl.atomic_add(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + hk.to(tl.int64) * stride_dvh
-                          + cols[:, None] * stride_dvn + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
-    else:
-        if WANT_DK:
-            tl.store(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + pid_h.to(tl.int64) * stride_dkh
-                     + cols[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-        if WANT_DV:
-            tl.store(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + pid_h.to(tl.int64) * stride_dvh
-                     + cols[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        out_head = hk
+    if WANT_DK:
+        store_cols_t(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + out_head.to(tl.int64) * stride_dkh
+                     + cols[:, None] * stride_dkn, cols[:, None] < k_len, offs_d[None, :], dk, HEAD_DIM, D_PAD,
+                     not EVEN, ATOMIC_DKDV)
+    if WANT_DV:
+        store_cols_t(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + out_head.to(tl.int64) * stride_dvh
+                     + cols[:, None] * stride_dvn, cols[:, None] < k_len, offs_d[None, :], dv, HEAD_DIM, D_PAD,
+                     not EVEN, ATOMIC_DKDV)
 
 
 @triton.jit
@@ -432,8 +433,10 @@ def attn_bwd_dkdv_kernel(
     ATOMIC_DKDV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     DKDV_SPLIT: tl.constexpr, D_HI: tl.constexpr = 0, SPLIT_EARLY_RETURN: tl.constexpr = False,
     pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, DKDV_COL_BOUNDS: tl.constexpr = 0,
-    DKDV_ONE_MASKED_LOOP: tl.constexpr = 0,
+    DKDV_ONE_MASKED_LOOP: tl.constexpr = 0, EVEN_QK: tl.constexpr = False,
 ):
+    # EVEN_QK: every sequence's query and key counts are whole multiples of both program kinds' tiles (dense
+    # launches whose lengths divide, decided on the host: launch.even_qk); masked blocks then load without bounds
     # D_HI > 0: the head dim in two chunks, columns [0, D_PAD) and [D_PAD, D_PAD + D_HI) (launch.head_dim_chunks);
     # zeroed rows span D_ROW columns
     tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
@@ -462,7 +465,7 @@ def attn_bwd_dkdv_kernel(
                         GROUP, n_q_blocks - 1 - (j - g * n_q_blocks), pid_h * heads_per_prog + g, b,
                         tl.num_programs(1) * heads_per_prog, HEAD_DIM, D_PAD, DQ_BLOCK_M, DQ_BLOCK_N,
                         IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION,
-                        RELOAD_CHUNK, D_HI, Q, 0, 0, 0, False)
+                        RELOAD_CHUNK, D_HI, Q, 0, 0, 0, False, EVEN_QK)
             return
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
@@ -492,7 +495,7 @@ def attn_bwd_dkdv_kernel(
                           GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, False, D_HI,
-                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP, EVEN_QK)
         else:
             _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -505,7 +508,7 @@ def attn_bwd_dkdv_kernel(
                           IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                           INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n - n_kv_blocks, pid_h, b,
                           False, True, D_HI,
-                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
+                          SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP, EVEN_QK)
     else:
         _dkdv_program(Q, K, V, DO, Lse, Delta, DK, DV, DQ, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -517,7 +520,7 @@ def attn_bwd_dkdv_kernel(
                       GROUP, heads_per_prog, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
                       IS_VARLEN, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, HAS_DROPOUT,
                       INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, ATOMIC_DKDV, pid_n, pid_h, b, True, True, D_HI,
-                      SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP)
+                      SPLIT_EARLY_RETURN, DKDV_COL_BOUNDS, DKDV_ONE_MASKED_LOOP, EVEN_QK)
 
 
 @triton.jit
@@ -529,7 +532,8 @@ def _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                   HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr):
+                  RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr, EVEN: tl.constexpr = False):
+    COLS_MASKED: tl.constexpr = MASK and not EVEN  # (EVEN: whole key blocks; the window edges are still masked)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if RELOAD_CHUNK:
@@ -542,7 +546,7 @@ def _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log
         else:
             k_ptrs = K_head + cols[:, None] * stride_kn + offs_d[None, :]
             vT_ptrs = V_head + cols[None, :] * stride_vn + offs_d[:, None]
-            if MASK:
+            if COLS_MASKED:
                 k = tl.load(k_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 vT = tl.load(vT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             elif D_PAD > HEAD_DIM:
@@ -554,13 +558,13 @@ def _bwd_dq_inner(dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
             if D_HI:  # the head dim's second chunk (columns D_PAD..)
                 k_hi = load_cols_t(K_head + cols[:, None] * stride_kn, cols[:, None] < k_len, offs_dh[None, :],
-                                   HEAD_DIM, D_PAD + D_HI, MASK)
+                                   HEAD_DIM, D_PAD + D_HI, COLS_MASKED)
                 vT_hi = load_cols_t(V_head + cols[None, :] * stride_vn, cols[None, :] < k_len, offs_dh[:, None],
-                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                                    HEAD_DIM, D_PAD + D_HI, COLS_MASKED)
                 s = tl.dot(q_hi, tl.trans(k_hi), s, input_precision=INPUT_PRECISION)
         s, t = score_log2(s, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                           softcap_log2, slope_log2, win_left, win_right,
-                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+                          MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, not EVEN)
         p = tl.exp2(s - lse_log2[:, None])
         if RELOAD_CHUNK:
             dp = dot_rows_nt(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), do_rows, q_live,
@@ -601,12 +605,13 @@ def _dq_program(
     IS_VARLEN: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr,
-    Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O: tl.constexpr,
+    Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O: tl.constexpr, EVEN: tl.constexpr = False,
 ):
     """dQ of query block pid_m of query head h (batch b): loops over the key blocks it sees (D_HI: the
     width of the head dim's second chunk, columns [D_PAD, D_PAD + D_HI), 0 for none).  DELTA_FROM_O: the
     program computes its rows' delta = rowsum(dO * O) itself and stores it for the dK/dV launch that
-    follows (no preprocess launch); else it reads the preprocess kernel's."""
+    follows (no preprocess launch); else it reads the preprocess kernel's.  EVEN: EVEN_QK, whole query and key
+    blocks (no row or key bounds on loads and stores)."""
     if IS_VARLEN:
         if b == tl.num_programs(2) - 1:
             # the extra program row: query tokens past cu_seqlens_q[-1] get dQ = 0
@@ -616,6 +621,7 @@ def _dq_program(
             return
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
+    q_len, k_len = whole_blocks(q_len, k_len, BLOCK_M, BLOCK_N, EVEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -635,10 +641,10 @@ def _dq_program(
         do_rows = (DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
                    + offs_m[:, None] * stride_dom)
     else:
-        q = tl.load(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
-                    + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
-        do = tl.load(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
-                     + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+        q = load_cols_t(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
+                        + offs_m[:, None] * stride_qm, row_mask[:, None], offs_d[None, :], HEAD_DIM, D_PAD, not EVEN)
+        do = load_cols_t(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
+                         + offs_m[:, None] * stride_dom, row_mask[:, None], offs_d[None, :], HEAD_DIM, D_PAD, not EVEN)
         q_rows = Q  # unused
         do_rows = DO  # unused
     q_hi = 0.0  # D_HI: the second chunk's operands and accumulator
@@ -649,13 +655,16 @@ def _dq_program(
         offs_dh = D_PAD + tl.arange(0, D_HI)
         q_hi = load_cols_t(Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
                            + offs_m[:, None] * stride_qm, row_mask[:, None], offs_dh[None, :], HEAD_DIM, D_PAD + D_HI,
-                           True)
+                           not EVEN)
         do_hi = load_cols_t(DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dom + h.to(tl.int64) * stride_doh
                             + offs_m[:, None] * stride_dom, row_mask[:, None], offs_dh[None, :], HEAD_DIM,
-                            D_PAD + D_HI, True)
+                            D_PAD + D_HI, not EVEN)
         dq_hi = tl.zeros([BLOCK_M, D_HI], dtype=tl.float32)
     lse_off = b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
-    lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
+    if EVEN:
+        lse_log2 = tl.load(Lse + lse_off) * LOG2E
+    else:
+        lse_log2 = tl.load(Lse + lse_off, mask=row_mask, other=float("inf")) * LOG2E
     if DELTA_FROM_O:
         o_rows = (Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
                   + offs_m[:, None] * stride_om)
@@ -669,6 +678,8 @@ def _dq_program(
             o_hi = load_cols_t(o_rows, row_mask[:, None], offs_dh[None, :], HEAD_DIM, D_PAD + D_HI, True)
             delta += tl.sum(o_hi.to(tl.float32) * do_hi.to(tl.float32), 1)
         tl.store(Delta + lse_off, delta, mask=row_mask)
+    elif EVEN:
+        delta = tl.load(Delta + lse_off)
     else:
         delta = tl.load(Delta + lse_off, mask=row_mask, other=0.0)
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
@@ -689,7 +700,7 @@ def _dq_program(
             qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
             seed, seed_offset, bh, keep_threshold, keep_scale,
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-            HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+            HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI, EVEN)
     dq, dq_hi = _bwd_dq_inner(
         dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
         stride_kn, stride_vn, full_lo, full_hi,
@@ -697,7 +708,7 @@ def _dq_program(
         qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
         seed, seed_offset, bh, keep_threshold, keep_scale,
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI, EVEN)
     dq, dq_hi = _bwd_dq_inner(
         dq, dq_hi, q, do, q_hi, do_hi, q_rows, do_rows, q_len, lse_log2, delta, K_head, V_head,
         stride_kn, stride_vn, full_hi, hi,
@@ -705,10 +716,11 @@ def _dq_program(
         qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
         seed, seed_offset, bh, keep_threshold, keep_scale,
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI)
+        HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI, EVEN)
     dq = dq * sm_scale
-    tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+    store_cols_t(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+                 + offs_m[:, None] * stride_dqm, row_mask[:, None], offs_d[None, :], dq, HEAD_DIM, D_PAD, not EVEN,
+                 False)
     if D_HI:
         dq_hi = dq_hi * sm_scale
         tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
@@ -736,6 +748,7 @@ def attn_bwd_dq_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, RELOAD_CHUNK: tl.constexpr, D_HI: tl.constexpr = 0,
     Out=None, stride_ob=0, stride_om=0, stride_oh=0, DELTA_FROM_O: tl.constexpr = False,
+    EVEN_QK: tl.constexpr = False,
 ):
     tl.static_assert(D_HI == 0 or RELOAD_CHUNK == 0)
     # heavier (later) query blocks first: better tail balance under causal masks
@@ -747,7 +760,7 @@ def attn_bwd_dq_kernel(
                 GROUP, tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2),
                 tl.num_programs(1), HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_VARLEN, IS_SOFTCAP, HAS_ALIBI,
                 HAS_LEFT, HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI,
-                Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O)
+                Out, stride_ob, stride_om, stride_oh, DELTA_FROM_O, EVEN_QK)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -817,7 +830,8 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_
                     BWD_DQ_MODE, DKDV_HEADS_PER_PROGRAM, tables.NONDETERMINISTIC_DQ.get(family),
                     tables.GQA_SPLIT_SUM.get(family), family in tables.FUSED_DQ_FAMILIES,
                     tables.DKDV_MAX_PROGRAM_SHARE, tables.HEAD_DIM_SPLIT_FAMILIES, tables.BWD_DELTA_IN_DQ_FAMILIES,
-                    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES, get_bwd_config, launch,
+                    tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES, tables.EVEN_QK_FAMILIES, tables.EVEN_QK_OTHER_BWD_FAMILIES,
+                    get_bwd_config, launch,
                     alias_pattern(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state))
         rows = table_rows(arch, head_dim_padded(q.shape[-1]))
         plan = memo_get(plan_key, rows, False)  # False: not seen yet; None: no plan for this structure
@@ -889,11 +903,18 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
     delta_in_dq = (mode == "separate" and sinks is None and max_seqlen_q > 0 and max_seqlen_k > 0
                    and family in tables.BWD_DELTA_IN_DQ_FAMILIES)
 
+    masked = flags["HAS_LEFT"] or flags["HAS_RIGHT"]
+    even_families = tables.EVEN_QK_FAMILIES if short and masked else tables.EVEN_QK_OTHER_BWD_FAMILIES
+
+    def even(*tiles):  # EVEN_QK of a launch with these tiles (launch.even_qk)
+        return dict(EVEN_QK=family in even_families and even_qk(varlen, seqlen_q, seqlen_k, *tiles))
+
     def launch_dq(**extra):
         launch(attn_bwd_dq_kernel, cfgs["dq"], grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, seqlen_q, seqlen_k,
             *strides_in, *row_strides(dq, varlen), *lse_strides(lse, varlen)),
-            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **chunked, **extra))
+            dict(keep_scale=keep_scale, sm_scale=softmax_scale, **scalars, **chunked, **extra),
+            per_cfg=lambda cfg: even((cfg["BLOCK_M"], cfg["BLOCK_N"])))
 
     if delta_in_dq:
         ob, om, oh = row_strides(out, varlen)
@@ -942,6 +963,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
         split_exit = dict(SPLIT_EARLY_RETURN=True) if dkdv_cfg.get("DKDV_SPLIT") and \
             family in tables.DKDV_SPLIT_EARLY_RETURN_FAMILIES else {}
 
+        dq_pairs = [(dq_tiles["DQ_BLOCK_M"], dq_tiles["DQ_BLOCK_N"])] if fused else []  # (EVEN_QK: whole for both)
+
         def grid0(cfg):  # dK/dV programs (twice as many under DKDV_SPLIT), then the fused dQ ones
             return cdiv(max_seqlen_k, cfg["BLOCK_N"]) * (2 if cfg.get("DKDV_SPLIT") else 1) + per_program * dq_blocks
 
@@ -954,7 +977,8 @@ def _attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
             *strides_in, *row_strides(dk_out, varlen), *row_strides(dv_out, varlen),
             *row_strides(dq_accum, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, sm_scale=softmax_scale, heads_per_prog=per_program, **scalars, **chunked,
-                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles, **split_exit, **order))
+                 ATOMIC_DQ=atomic_dq, ATOMIC_DKDV=atomic_dkdv, FUSED_DQ=fused, **dq_tiles, **split_exit, **order),
+            per_cfg=lambda cfg: even((cfg["BLOCK_M"], cfg["BLOCK_N"]), *dq_pairs))
         if atomic_dkdv:
             dk.copy_(dk_out)
             dv.copy_(dv_out)

@@ -70,6 +70,17 @@ def _div(x, d, SMALL: tl.constexpr):
 
 
 @triton.jit
+def whole_blocks(q_len, k_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """(q_len, k_len) as a kernel of an EVEN_QK launch uses them: the host passes EVEN only when every sequence's
+    lengths are whole multiples of the tiles, and the kernel then loads whole blocks without row / key bounds.
+    Rounding down here keeps every such load inside the sequence even if that promise were broken."""
+    if EVEN:
+        q_len = q_len // BLOCK_M * BLOCK_M
+        k_len = k_len // BLOCK_N * BLOCK_N
+    return q_len, k_len
+
+
+@triton.jit
 def key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
@@ -170,6 +181,29 @@ def load_cols_t(row_ptrs, row_ok, cols, HEAD_DIM: tl.constexpr, CHUNK_END: tl.co
     else:
         tile = tl.load(row_ptrs + cols)
     return tile
+
+
+@triton.jit
+def store_cols_t(row_ptrs, row_ok, cols, value, HEAD_DIM: tl.constexpr, CHUNK_END: tl.constexpr,
+                 MASK: tl.constexpr, ATOMIC: tl.constexpr):
+    """load_cols_t's store: `value` into the columns `cols` of rows `row_ptrs` (cast to the output's dtype), or
+    added into them with fp32 atomics (ATOMIC); rows not row_ok (with MASK) and columns past HEAD_DIM untouched."""
+    ptrs = row_ptrs + cols
+    if ATOMIC:
+        if MASK:
+            tl.atomic_add(ptrs, value, mask=row_ok & (cols < HEAD_DIM), sem="relaxed")
+        elif CHUNK_END > HEAD_DIM:
+            tl.atomic_add(ptrs, value, mask=cols < HEAD_DIM, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, value, sem="relaxed")
+    else:
+        value = value.to(ptrs.dtype.element_ty)
+        if MASK:
+            tl.store(ptrs, value, mask=row_ok & (cols < HEAD_DIM))
+        elif CHUNK_END > HEAD_DIM:
+            tl.store(ptrs, value, mask=cols < HEAD_DIM)
+        else:
+            tl.store(ptrs, value)
 
 
 @triton.jit

@@ -34,10 +34,11 @@ from ..arch import arch_for
 from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_get, memo_put, nan_flags_config, \
     grouped_order, program_group, table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, zero_rows
+from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, store_cols_t, whole_blocks, \
+    zero_rows
 from .launch import (
-    LaunchPlan, alias_pattern, current_stream, descale_args, grid_blocks, head_dim_padded, head_scan_grid, jit_launch,
-    kept_zeros, kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
+    LaunchPlan, alias_pattern, current_stream, descale_args, even_qk, grid_blocks, head_dim_padded, head_scan_grid,
+    jit_launch, kept_zeros, kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
     is_nan, load_head_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
@@ -58,7 +59,9 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
                MASK: tl.constexpr,
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr, D_HI: tl.constexpr):
+               RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr, D_HI: tl.constexpr,
+               EVEN: tl.constexpr = False):
+    COLS_MASKED: tl.constexpr = MASK and not EVEN  # (EVEN: whole key blocks; the window edges are still masked)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if FP8:
@@ -75,7 +78,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
         else:
             kT_ptrs = K_head + cols[None, :] * stride_kn + offs_d[:, None]
             v_ptrs = fp8_v_ptrs(V_head, cols, offs_d, stride_vn, stride_vd, FP8)
-            if MASK:
+            if COLS_MASKED:
                 kT = tl.load(kT_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             elif D_PAD > HEAD_DIM:
                 kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
@@ -84,7 +87,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
             qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
             if D_HI:  # the head dim's second chunk (columns D_PAD..): S sums both
                 kT_hi = load_cols_t(K_head + cols[None, :] * stride_kn, cols[None, :] < k_len, offs_dh[:, None],
-                                    HEAD_DIM, D_PAD + D_HI, MASK)
+                                    HEAD_DIM, D_PAD + D_HI, COLS_MASKED)
                 qk = tl.dot(q_hi, kT_hi, qk, input_precision=INPUT_PRECISION)
         # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
         if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
@@ -96,7 +99,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
         else:
             s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                               softcap_log2, slope_log2, win_left, win_right,
-                              MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT)
+                              MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, not EVEN)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             if MASK:
                 # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
@@ -112,7 +115,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
         if HAS_DROPOUT:
             keep = dropout_keep(seed, seed_offset, bh, offs_m[:, None], cols[None, :], keep_threshold)
             p = tl.where(keep, p, 0.0)
-        if MASK:
+        if COLS_MASKED:
             v = tl.load(v_ptrs, mask=(cols[:, None] < v_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif D_PAD > HEAD_DIM:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
@@ -121,7 +124,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
         if D_HI:
             v_hi = load_cols_t(V_head + cols[:, None] * stride_vn, cols[:, None] < v_len, offs_dh[None, :],
-                               HEAD_DIM, D_PAD + D_HI, MASK)
+                               HEAD_DIM, D_PAD + D_HI, COLS_MASKED)
             acc_hi = tl.dot(p.to(v_hi.dtype), v_hi, acc_hi, input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, acc_hi, l_i, m_i
@@ -149,7 +152,10 @@ def attn_fwd_kernel(
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
     pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, Q_DESCALE_PER_KV_HEAD: tl.constexpr = False,
+    EVEN_QK: tl.constexpr = False,
 ):
+    # EVEN_QK: every sequence's query and key counts are whole multiples of the tiles (launch.even_qk): the
+    # diagonal's key blocks load without bounds, q, out and lse without row bounds
     # heavier (later) query blocks first, in groups of pairs_per_group (batch, head) pairs: tail balance
     # under causal masks
     pid_0, h, b = grouped_program_ids(pairs_per_group, GROUPED_ORDER)
@@ -174,6 +180,7 @@ def attn_fwd_kernel(
             return
     q_start, q_len, k_start, k_len = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, total_q, total_k,
                                                 IS_VARLEN)
+    q_len, k_len = whole_blocks(q_len, k_len, BLOCK_M, BLOCK_N, EVEN_QK)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -215,8 +222,8 @@ def attn_fwd_kernel(
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
     else:
-        q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :],
-                    mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        q = load_cols_t(q_head + offs_m[:, None] * stride_qm, offs_m[:, None] < q_len, offs_d[None, :], HEAD_DIM,
+                        D_PAD, not EVEN_QK)
         q_rows = q_head  # unused
     q_hi = 0.0  # D_HI: the second chunk's q, accumulator and columns
     acc_hi = 0.0
@@ -224,7 +231,7 @@ def attn_fwd_kernel(
     if D_HI:
         offs_dh = D_PAD + tl.arange(0, D_HI)
         q_hi = load_cols_t(q_head + offs_m[:, None] * stride_qm, offs_m[:, None] < q_len, offs_dh[None, :], HEAD_DIM,
-                           D_PAD + D_HI, True)
+                           D_PAD + D_HI, not EVEN_QK)
         acc_hi = tl.zeros([BLOCK_M, D_HI], dtype=tl.float32)
 
     slope_log2 = alibi_slope_log2(Alibi, stride_ab, b, h, HAS_ALIBI)
@@ -247,21 +254,21 @@ def attn_fwd_kernel(
             qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
             seed, seed_offset, bh, keep_threshold,
             HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
     acc, acc_hi, l_i, m_i = _fwd_inner(
         acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
         full_lo, full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
         qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
         seed, seed_offset, bh, keep_threshold,
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
     acc, acc_hi, l_i, m_i = _fwd_inner(
         acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
         full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
         qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
         seed, seed_offset, bh, keep_threshold,
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI)
+        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -288,13 +295,16 @@ def attn_fwd_kernel(
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
     lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
     o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
-    tl.store(o_head + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM))
+    store_cols_t(o_head + offs_m[:, None] * stride_om, offs_m[:, None] < q_len, offs_d[None, :], out, HEAD_DIM, D_PAD,
+                 not EVEN_QK, False)
     if D_HI:
-        tl.store(o_head + offs_m[:, None] * stride_om + offs_dh[None, :], out_hi.to(Out.dtype.element_ty),
-                 mask=(offs_m[:, None] < q_len) & (offs_dh[None, :] < HEAD_DIM))
+        store_cols_t(o_head + offs_m[:, None] * stride_om, offs_m[:, None] < q_len, offs_dh[None, :], out_hi, HEAD_DIM,
+                     D_PAD + D_HI, not EVEN_QK, False)
     lse_head = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
-    tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
+    if EVEN_QK:
+        tl.store(lse_head + offs_m, lse)
+    else:
+        tl.store(lse_head + offs_m, lse, mask=offs_m < q_len)
 
 
 @triton.jit
@@ -575,7 +585,8 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     None if descales is None else tuple((x.shape, x.stride()) for x in descales),
                     tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES,
-                    tables.HEAD_DIM_SPLIT_FAMILIES, get_fwd_config,
+                    tables.HEAD_DIM_SPLIT_FAMILIES, tables.EVEN_QK_FAMILIES, tables.EVEN_QK_FP8_FAMILIES,
+                    get_fwd_config,
                     launch,
                     alias_pattern(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state,
                                   *(descales or (None,) * 3)))
@@ -663,6 +674,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     group_size = program_group(arch, "fwd", d_lo + d_hi, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), flags["HAS_RIGHT"],
                                fp8)
     order = dict(pairs_per_group=group_size, GROUPED_ORDER=True) if grouped_order(arch, "fwd") else {}
+    even = family_of(arch) in (tables.EVEN_QK_FP8_FAMILIES if fp8 else tables.EVEN_QK_FAMILIES)
     try:
         # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
         launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
@@ -674,7 +686,8 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                  nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
                  **({"NAN_FIXUP": True} if nan_fixup else {}),
                  POSITIVE_SCALE=softmax_scale > 0 and raw_max, **order,
-                 **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})))
+                 **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})),
+            per_cfg=lambda c: dict(EVEN_QK=even and even_qk(varlen, seqlen_q, seqlen_k, (c["BLOCK_M"], c["BLOCK_N"]))))
         if nan_fixup:
             nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
             jit_launch(v_nan_fixup_kernel, (hk, batch), (

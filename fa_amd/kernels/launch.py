@@ -115,13 +115,23 @@ def _shrink(cfg):
     return cfg
 
 
+def even_qk(varlen: bool, seqlen_q: int, seqlen_k: int, *tiles) -> bool:
+    """The kernels' EVEN_QK: a dense launch whose query and key counts are whole multiples of every (BLOCK_M,
+    BLOCK_N) tile pair in `tiles`, so its masked blocks load without row or key bounds (only the window edges
+    are masked).  Varlen launches never are: their sequences' lengths are on the device.  Like FlexAttention's
+    IS_DIVISIBLE; the kernels round the lengths down under it (blocks.whole_blocks), so a load stays in bounds
+    whatever the host passed."""
+    return not varlen and all(seqlen_q % m == 0 and seqlen_k % n == 0 for m, n in tiles)
+
+
 def grid_blocks(span, tile_key):
     """Grid axis 0 that covers `span` in steps of the config's tile `tile_key`."""
     return lambda cfg: cdiv(span, cfg[tile_key])
 
 
-def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
-    """Launch `kernel` with the tiles of `cfg`; grid axis 0 has grid0(cfg) programs.
+def launch(kernel, cfg, grid0, grid_tail, args, kwargs, per_cfg=None):
+    """Launch `kernel` with the tiles of `cfg`; grid axis 0 has grid0(cfg) programs; per_cfg(cfg), if
+    given, adds the arguments that follow the tiles (e.g. EVEN_QK, even_qk).
 
     A table entry that needs more shared memory or registers than this GPU has
     (a smaller-LDS part, fp32 inputs) is shrunk with a warning, never turned
@@ -139,7 +149,7 @@ def launch(kernel, cfg, grid0, grid_tail, args, kwargs):
         grid = (grid0(cfg),) + tuple(grid_tail)
         try:
             jit_launch(kernel, grid, args, dict(kwargs, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                                                **_launch_options(cfg)))
+                                                **_launch_options(cfg), **(per_cfg(cfg) if per_cfg else {})))
             return cfg
         except OutOfResources as err:
             smaller = _shrink(cfg)

@@ -88,8 +88,9 @@ def tanh(x):
 def score_log2(qk, rows, cols, diag, seqlen_k, qk_scale_log2, softcap_div, softcap_log2, slope_log2,
                win_left, win_right,
                MASK: tl.constexpr, IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Raw q.k tile -> (modified score in log2 units, tanh term for softcap's derivative)."""
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KEY_BOUND: tl.constexpr = True):
+    """Raw q.k tile -> (modified score in log2 units, tanh term for softcap's derivative).  KEY_BOUND False: every
+    key column is below seqlen_k (whole key blocks, EVEN_QK), so MASK masks the window edges alone."""
     if IS_SOFTCAP:
         t = tanh(qk * softcap_div)
         s = t * softcap_log2
@@ -100,12 +101,20 @@ def score_log2(qk, rows, cols, diag, seqlen_k, qk_scale_log2, softcap_div, softc
     if HAS_ALIBI:
         s = s - slope_log2 * tl.abs(rel).to(tl.float32)
     if MASK:
-        keep = cols < seqlen_k
-        if HAS_RIGHT:
-            keep = keep & (rel <= win_right)
-        if HAS_LEFT:
-            keep = keep & (rel >= -win_left)
-        s = tl.where(keep, s, float("-inf"))
+        if KEY_BOUND:
+            keep = cols < seqlen_k
+            if HAS_RIGHT:
+                keep = keep & (rel <= win_right)
+            if HAS_LEFT:
+                keep = keep & (rel >= -win_left)
+            s = tl.where(keep, s, float("-inf"))
+        elif HAS_RIGHT:
+            keep = rel <= win_right
+            if HAS_LEFT:
+                keep = keep & (rel >= -win_left)
+            s = tl.where(keep, s, float("-inf"))
+        elif HAS_LEFT:
+            s = tl.where(rel >= -win_left, s, float("-inf"))
     return s, t
 
 

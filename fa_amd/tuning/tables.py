@@ -129,6 +129,25 @@ HEAD_DIM_SPLIT_FAMILIES = ("sm90", "cpu")
 # (triton 3.6) the early return ran the d256 / d192 full forward+backward rows ~2.5 % faster (v16).  "cpu" so CI
 # tests both forms (tests/kernels/test_dkdv_split.py switches it off too).
 DKDV_SPLIT_EARLY_RETURN_FAMILIES = ("sm90", "cpu")
+# EVEN_QK (kernels/launch.even_qk): a dense call whose query and key counts are whole multiples of a launch's tiles
+# runs kernels whose masked blocks (causal diagonal, window edges) load q / k / v / dO / lse / delta without row or
+# key bounds and mask only the window edges in their scores, as FlexAttention's IS_DIVISIBLE does.  sm90 SASS of the
+# short causal d128 launches (triton 3.6): the fused dK/dV + dQ kernel's masked loops 817 -> 720 (dK/dV) and
+# 562 -> 508 (dQ) instructions, its dK/dV prologue 956 -> 784; the forward 168 -> 128 registers, its masked loop
+# 354 -> 335.  H200 (.ci/even_ab.py, 5-7 interleaved rounds, 2026-11-29, ms whole / bounded): bf16 forwards gained
+# or tied on every row (d96 b16 s1k causal 12 %, d256 b32 s512 causal 5 %, d128 b4 s4k causal 3 %, GQA causal
+# 0-0.5 %); the FP8 forward lost 1.2-3.2 % on causal rows; forward+backward gained on short rows (d128 b32 s512
+# causal 0.631 / 0.646, b16 s1k causal 3 %, d64 b16 s1k causal 5 %) but lost on long ones (b1 s16k d128 full 17.52
+# / 17.22, h16/kv4 b2 s4k causal 1.224 / 1.177) and on the short d64 full ones (b16 s1k 1.70 / 1.38, b32 s512
+# 0.97 / 0.82; d128 full gained 2-3 %) -- so:
+#   EVEN_QK_FAMILIES:           forwards of fp16 / bf16 / fp32 inputs, and backwards of short (is_short) masked
+#                               (causal or windowed) launches;
+#   EVEN_QK_FP8_FAMILIES:       FP8 forwards;
+#   EVEN_QK_OTHER_BWD_FAMILIES: the other backwards (longer or unmasked launches).
+# Not on AMD until timed there.  "cpu" in all three so CI tests both forms of every kernel (odd and whole lengths).
+EVEN_QK_FAMILIES = ("sm90", "cpu")
+EVEN_QK_FP8_FAMILIES = ("cpu",)
+EVEN_QK_OTHER_BWD_FAMILIES = ("cpu",)
 # Only head dims padded to at least this split (first chunk >= 64 columns), and only where the second chunk
 # has no padded columns (80, 96, 160, 192; not 72 or 40, tuning.head_dim_chunks): on the H100 under triton 3.6
 # a second chunk whose columns are partly masked (40 = 32 + 8 of 16, 72 = 64 + 8 of 16) computed wrong outputs
