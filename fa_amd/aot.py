@@ -42,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from .aot_launches import (_DKDV_KERNELS, DECODE_LAUNCHES, DECODE_ONLY_VARIANTS, DECODE_VARIANTS, FP8_LAUNCHES,
-                           LAUNCHES, SHORT_VARIANTS, TARGETS, VARIANTS, _arch_of, _kernel, launch_call, launch_config)
+                           LAUNCHES, SHORT_VARIANTS, TARGETS, VARIANTS, WHOLE_KERNELS, WHOLE_VARIANTS, _arch_of, _kernel,
+                           launch_call, launch_config)
 
 # the targets with their own table rows (what `fa-amd compile` builds by default), the AMD ones among
 # them, and the RDNA parts that share the gfx1100 rows (built when named, or with --arch rdna / all)
@@ -140,6 +141,9 @@ class CompileResult:
     # CUDA
     regs: Optional[int] = None
     stack_bytes: Optional[int] = None
+    # sm90: ptxas serialized the kernel's wgmma (its C7515 performance warning: the matmuls no longer overlap;
+    # TUNING_NOTES v35); None where not checked
+    wgmma_serialized: Optional[bool] = None
     # the compiled signature: Triton type of every runtime argument ("*bf16", "i32", "fp32", ...),
     # and the constexpr values (flags, tiles, switches), as the launcher passed them
     signature: Dict[str, str] = field(default_factory=dict)
@@ -266,6 +270,8 @@ def builds(target: str, kernel: str, d_pad: int, causal: bool = False, variant: 
         return variant in ("",) + DECODE_VARIANTS[kernel]
     if variant in DECODE_ONLY_VARIANTS:
         return False
+    if variant in WHOLE_VARIANTS and kernel not in WHOLE_KERNELS:
+        return False
     if kernel == "nan_flags_fp8":  # (the fix-up families mark V's NaNs inside the FP8 forward too)
         return fp8_builds(target) and variant in ("", "causal", "all") and \
             family not in tables.FWD_NAN_FIXUP_FAMILIES
@@ -385,6 +391,12 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             # the tiles of "short" overrides, with every feature they can meet
             jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) for v in SHORT_VARIANTS
                      if builds(t, k, d, variant=v)]
+            # the whole-block kernels (EVEN_QK) where the tables run them
+            from .tuning import tables
+
+            if _family(t) in tables.EVEN_QK_FAMILIES:
+                jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) for v in WHOLE_VARIANTS
+                         if builds(t, k, d, causal=True, variant=v)]
     return jobs
 
 
@@ -611,6 +623,8 @@ def _compile_one(job: CompileJob) -> CompileResult:
         result.occupancy = _amd_stat(text, "Occupancy")
     else:
         result.regs, result.stack_bytes = _cuda_usage(asm)
+        if arch == 90:
+            result.wgmma_serialized = _wgmma_serialized(asm)
     return result
 
 
@@ -628,6 +642,40 @@ def _cuda_usage(asm):
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
+
+
+def _ptxas_path(arch: int) -> Optional[str]:
+    """The ptxas Triton itself assembles `arch` with (get_ptxas: from triton 3.9 sm90 takes the newer, CUDA 13
+    one), else the bundled one, else one on PATH."""
+    import triton
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        path = get_ptxas(arch).path
+        if path and os.path.exists(path):
+            return path
+    except Exception:  # (older tritons: no get_ptxas, or knobs without it)
+        pass
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return bundled if os.path.exists(bundled) else shutil.which("ptxas")
+
+
+def _wgmma_serialized(asm) -> Optional[bool]:
+    """Whether ptxas, assembling the kernel's PTX for sm_90a, reports its wgmma serialized (C7515: "wgmma.mma_async
+    instructions are serialized due to ..."), which Triton's own ptxas call does not show.  None without ptxas."""
+    tool = _ptxas_path(90)
+    if tool is None or "ptx" not in asm:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(asm["ptx"])
+        out = subprocess.run([tool, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "kernel.cubin")],
+                             capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:  # (a ptxas older than the PTX: no answer rather than a wrong one)
+        return None
+    return "C7515" in out.stderr + out.stdout
 
 
 def _worker_main():
@@ -771,6 +819,8 @@ def format_tables(results: List[CompileResult]) -> str:
                 status = "SPILLS"
             elif r.is_hip and r.scratch_bytes:
                 status = "known spill"
+            elif r.wgmma_serialized:
+                status = "wgmma serialized"
             else:
                 status = "ok"
             lines.append(f"| {r.target} | {r.variant} | {tiles} | {_fmt(r.vgprs if r.is_hip else r.regs)} "
@@ -801,6 +851,9 @@ def summary_table(results: List[CompileResult]) -> str:
             status = (f"{errors} errors" if errors else
                       f"{len(unknown)} SPILL" if unknown else
                       f"{len(spills)} known spill" if spills else "ok")
+            serial = sum(bool(r.wgmma_serialized) for r in rows)
+            if serial:
+                status += f", {serial} wgmma serialized"
             lines.append(f"| {target} | {kernel} | {len(rows)} "
                          f"| {_fmt(worst(lambda r: r.vgprs if hip else r.regs))} | {_fmt(worst(lambda r: r.lds_bytes))} "
                          f"| {_fmt(worst(lambda r: r.scratch_bytes if hip else r.stack_bytes))} "
@@ -932,6 +985,10 @@ def run_cli(args) -> int:
     cuda_stack = [r for r in results if not r.is_hip and r.stack_bytes]
     if cuda_stack:
         print(f"note: {len(cuda_stack)} CUDA variants use stack (ptxas spills); reported, not fatal")
+    serialized = [r for r in results if r.wgmma_serialized]
+    if serialized:
+        print(f"note: {len(serialized)} sm90 variants have their wgmma serialized by ptxas (C7515: "
+              f"{', '.join(f'{r.kernel} {r.variant}' for r in serialized[:8])}); reported, not fatal")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"triton": triton.__version__, "wall_seconds": wall, "targets": usable,

@@ -48,6 +48,10 @@ VARIANTS = {
     # "all" with the GQA group split over dK/dV programs (kernels.backward.dkdv_heads_per_program):
     # fp32 partial (or atomically summed) dK/dV buffers; dK/dV kernels only
     "split": dict(GROUP=2, SPLIT=True, **ALL_FLAGS),
+    # dense and causal at SHORT_SEQLEN_K keys, lengths whole blocks of every tile: the whole-block kernels
+    # (EVEN_QK) of the families tables.EVEN_QK_FAMILIES lists -- forward, and the short masked backward; elsewhere
+    # the same launch with its bounds.  The attention kernels only (WHOLE_KERNELS)
+    "whole_causal": dict(GROUP=2, HAS_RIGHT=True),
     # the other routes into the decode kernels (DECODE_LAUNCHES below); decode kernels only
     "dense": dict(GROUP=2, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True),
     "varlen": dict(GROUP=2, IS_VARLEN=True, IS_SOFTCAP=True, HAS_ALIBI=True, HAS_LEFT=True, HAS_RIGHT=True),
@@ -55,6 +59,8 @@ VARIANTS = {
 }
 DECODE_ONLY_VARIANTS = ("dense", "varlen", "masked")
 SHORT_VARIANTS = ("short", "short_causal")
+WHOLE_VARIANTS = ("whole_causal",)
+WHOLE_KERNELS = ("fwd", "dkdv", "dkdv_atomic", "dkdv_fused", "dq")
 
 @dataclass
 class Problem:
@@ -77,7 +83,8 @@ class Problem:
         f = VARIANTS[job.variant]
         return cls(job.dtype, job.head_dim, f.get("GROUP", 1), f.get("IS_VARLEN", False), f.get("IS_SOFTCAP", False),
                    f.get("HAS_ALIBI", False), f.get("HAS_LEFT", False), f.get("HAS_RIGHT", False),
-                   f.get("HAS_DROPOUT", False), job.variant in SHORT_VARIANTS, f.get("SPLIT", False), job.variant)
+                   f.get("HAS_DROPOUT", False), job.variant in SHORT_VARIANTS + WHOLE_VARIANTS, f.get("SPLIT", False),
+                   job.variant)
 
 
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}

@@ -55,7 +55,12 @@ def test_job_lists_cover_every_target_and_kernel():
         # the tiles of a "short" override (and its causal case; FP8: one tile) are built with their own variants;
         # entries without one are not
         short = {"short"} if k in aot.FP8_KERNELS else set(aot.SHORT_VARIANTS)
-        assert got - short <= expect and (got & short == short) == aot.builds(t, k, d, variant="short"), (t, k, d, got)
+        # the whole-block kernels (EVEN_QK) where the tables run them (tables.EVEN_QK_FAMILIES)
+        whole = set(aot.WHOLE_VARIANTS)
+        assert got - short - whole <= expect and (got & short == short) == aot.builds(t, k, d, variant="short"), \
+            (t, k, d, got)
+        assert bool(got & whole) == (family_of(aot._arch_of(t)) in tables.EVEN_QK_FAMILIES
+                                     and k in aot.WHOLE_KERNELS), (t, k, d, got)
     # the sm90 d128 forward has a "short" override (tables.SHORT_SEQLEN_K): its tile is in the CI subset
     assert any((j.target, j.kernel, j.head_dim, j.variant) == ("sm90", "fwd", 128, "short") for j in ci)
     full = aot.full_jobs(targets, aot.KERNELS)
@@ -139,6 +144,12 @@ def test_launch_calls_carry_the_launchers_dtypes():
     assert call.kwargs["BLOCK_N"] == 32 and a["HAS_RIGHT"]  # the "short" override's causal case
     a, call = args("sm90", "dkdv_fused", "short_causal", d=128)
     assert call.kwargs["DKDV_ONE_MASKED_LOOP"] == 1 and a["HAS_RIGHT"] and a["FUSED_DQ"]
+    # whole blocks (EVEN_QK) where tables.EVEN_QK_FAMILIES lists the family, the same launch bounded elsewhere
+    for kernel in ("fwd", "dkdv_fused"):
+        a, call = args("sm90", kernel, "whole_causal", d=128)
+        assert call.kwargs["EVEN_QK"] and a["HAS_RIGHT"] and not a["IS_VARLEN"]
+    a, call = args("gfx942", "fwd", "whole_causal", d=128)
+    assert not call.kwargs["EVEN_QK"] and a["HAS_RIGHT"]
 
 
 @pytest.mark.cpu_only
@@ -277,7 +288,26 @@ def _check(res, payload, kernels):
             assert r.signature["Q"] == f"*{dtype}" and r.signature["cu_seqlens_q"] == "*i32", r
             assert r.signature["Lse"] == "*fp32" and r.signature["SeedState"] == "*i64", r
             assert r.constexprs["IS_VARLEN"] and r.constexprs["HAS_DROPOUT"], r
+    # no sm90 launch the tables run has its wgmma serialized by ptxas (C7515: its matmuls would not overlap)
+    serialized = [f"{r.target} {r.kernel} {r.variant}" for r in results if r.wgmma_serialized]
+    assert not serialized, "ptxas serialized these kernels' wgmma (TUNING_NOTES v35):\n" + "\n".join(serialized)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("says,code,expect", [
+    ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized", 0, True),
+    ("ptxas info    : Used 184 registers", 0, False),
+    ("ptxas fatal   : Unsupported .version 9.4", 255, None),
+])
+def test_wgmma_serialization_is_read_off_ptxas(tmp_path, monkeypatch, says, code, expect):
+    """aot._wgmma_serialized reads ptxas's C7515 performance warning (what sm90 builds report as "wgmma
+    serialized"); a ptxas that cannot assemble the PTX gives no answer rather than a wrong one."""
+    fake = tmp_path / "ptxas"
+    fake.write_text(f"#!/bin/sh\necho '{says}' >&2\nexit {code}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(aot, "_ptxas_path", lambda arch: str(fake))
+    assert aot._wgmma_serialized({"ptx": ".version 8.0"}) is expect
+    assert aot._wgmma_serialized({}) is None
 
 
 def test_compile_heaviest_variants(tmp_path):

@@ -194,3 +194,32 @@ def test_fp8_whole_blocks(device, poisoned, monkeypatch, opts):
     ref, _ = attention_ref(q, k, v, **opts)
     emu, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), **opts)
     assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["partial sums", "atomic sum"])
+def test_gqa_slices_whole_blocks(device, poisoned, monkeypatch, deterministic):
+    """GQA groups split over dK/dV programs (one query head each): fp32 partial dK/dV summed afterwards, or added
+    with atomics into the group's KV head -- the store path without row bounds."""
+    monkeypatch.setattr(backward, "DKDV_HEADS_PER_PROGRAM", 1)
+    q, k, v = dense_qkv(device, torch.float16, 1, 128, 256, 4, 2, 64)
+    compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True, deterministic=deterministic), q, k, v,
+                  causal=True)
+
+
+@pytest.mark.parametrize("switch", ["DKDV_SPLIT", "RELOAD_CHUNK"])
+def test_kernel_switches_whole_blocks(device, poisoned, monkeypatch, switch):
+    """Whole blocks under the dK/dV programs split into dK and dV ones (DKDV_SPLIT) and under the reloading kernels
+    (RELOAD_CHUNK, gfx1100's rows: operands streamed a head-dim chunk at a time), every entry of the family patched."""
+    from fa_amd.tuning.tables import TABLES
+
+    arch = arch_for(torch.empty(0, device=device))
+    value = {"DKDV_SPLIT": 1, "RELOAD_CHUNK": 16}[switch]
+    kernels = ("dkdv", "dkdv_atomic") if switch == "DKDV_SPLIT" else tuning.KERNELS
+    rows = [{k: (dict(v, **{switch: value}) if k in kernels and isinstance(v, dict) else v) for k, v in row.items()}
+            for row in TABLES[poisoned]]
+    monkeypatch.setitem(TABLES, poisoned, rows)
+    tuning._RESOLVED.clear()
+    assert tuning.get_config(arch, "dkdv", 64)[switch] == value
+    q, k, v = dense_qkv(device, torch.float16, 1, 128, 128, 4, 2, 64)
+    compare_dense(functools.partial(fa_amd.flash_attn_func, window_size=(50, 0), deterministic=True), q, k, v,
+                  window_size=(50, 0))
