@@ -360,6 +360,8 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
     table row with the largest register-pressure score that is expected to be
     spill-free, bf16 (fp16 on gfx908); plus every KNOWN_SCRATCH row, so a fixed
     one is noticed, and the tiles of "short" overrides."""
+    from .tuning import tables
+
     jobs = []
     # KNOWN_SCRATCH rows only: an older triton's known spills (KNOWN_SCRATCH_BEFORE) do not change the
     # subset (its heaviest variants still build, and must not fail); the full sweep reports them all
@@ -392,8 +394,6 @@ def ci_jobs(targets, kernels) -> List[CompileJob]:
             jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) for v in SHORT_VARIANTS
                      if builds(t, k, d, variant=v)]
             # the whole-block kernels (EVEN_QK) where the tables run them
-            from .tuning import tables
-
             if _family(t) in tables.EVEN_QK_FAMILIES:
                 jobs += [CompileJob(t, k, d, dtype, v) for d in (64, 128, 256) for v in WHOLE_VARIANTS
                          if builds(t, k, d, causal=True, variant=v)]
@@ -567,11 +567,12 @@ def _build(src, target, options: Dict):
 
 # --------------------------------------------------------------------------- compiling (worker side)
 
-def _cuobjdump_path() -> Optional[str]:
+def _nvidia_tool(name: str) -> Optional[str]:
+    """The CUDA tool `name` Triton bundles, else one on PATH."""
     import triton
 
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return bundled if os.path.exists(bundled) else shutil.which(name)
 
 
 def _amd_stat(text: str, key: str) -> Optional[int]:
@@ -630,7 +631,7 @@ def _compile_one(job: CompileJob) -> CompileResult:
 
 def _cuda_usage(asm):
     """(registers, stack bytes) from the cubin via cuobjdump; ptxas spills land on the stack."""
-    tool = _cuobjdump_path()
+    tool = _nvidia_tool("cuobjdump")
     if tool is None or "cubin" not in asm:
         return None, None
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -647,8 +648,6 @@ def _cuda_usage(asm):
 def _ptxas_path(arch: int) -> Optional[str]:
     """The ptxas Triton itself assembles `arch` with (get_ptxas: from triton 3.9 sm90 takes the newer, CUDA 13
     one), else the bundled one, else one on PATH."""
-    import triton
-
     try:
         from triton.backends.nvidia.compiler import get_ptxas
 
@@ -657,8 +656,7 @@ def _ptxas_path(arch: int) -> Optional[str]:
             return path
     except Exception:  # (older tritons: no get_ptxas, or knobs without it)
         pass
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    return bundled if os.path.exists(bundled) else shutil.which("ptxas")
+    return _nvidia_tool("ptxas")
 
 
 def _wgmma_serialized(asm) -> Optional[bool]:

@@ -364,49 +364,26 @@ def _dkdv_program(
                 sm_scale, seed, seed_offset, bh, keep_threshold, keep_scale,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                 HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, ATOMIC_DQ, RELOAD_CHUNK, WANT_DK, WANT_DV, D_HI,
-            COL_BOUNDS, EVEN=EVEN)
+                COL_BOUNDS, EVEN=EVEN)
     dk = dk * sm_scale
-    if D_HI:
-        dk_hi = dk_hi * sm_scale
-        out_head = pid_h  # ATOMIC_DKDV: slices of one GQA group add into KV head hk
-        if ATOMIC_DKDV:
-            out_head = hk
-        _store_dkdv_hi(DK, DV, dk_hi, dv_hi, b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn,
-                       b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn, out_head.to(tl.int64),
-                       stride_dkn, stride_dkh, stride_dvn, stride_dvh, cols, offs_dh, k_len, HEAD_DIM,
-                       ATOMIC_DKDV, WANT_DK, WANT_DV)
     # ATOMIC_DKDV: slices of one GQA group add into the group's fp32 dK/dV (KV head hk)
     out_head = pid_h
     if ATOMIC_DKDV:
         out_head = hk
+    key_ok = cols[:, None] < k_len
     if WANT_DK:
-        store_cols_t(DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + out_head.to(tl.int64) * stride_dkh
-                     + cols[:, None] * stride_dkn, cols[:, None] < k_len, offs_d[None, :], dk, HEAD_DIM, D_PAD,
-                     not EVEN, ATOMIC_DKDV)
+        dk_rows = (DK + b64 * stride_dkb + k_start.to(tl.int64) * stride_dkn + out_head.to(tl.int64) * stride_dkh
+                   + cols[:, None] * stride_dkn)
+        store_cols_t(dk_rows, key_ok, offs_d[None, :], dk, HEAD_DIM, D_PAD, not EVEN, ATOMIC_DKDV)
+        if D_HI:  # (the second chunk's columns, key-bounded as before EVEN_QK)
+            store_cols_t(dk_rows, key_ok, offs_dh[None, :], dk_hi * sm_scale, HEAD_DIM, D_PAD + D_HI, True,
+                         ATOMIC_DKDV)
     if WANT_DV:
-        store_cols_t(DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + out_head.to(tl.int64) * stride_dvh
-                     + cols[:, None] * stride_dvn, cols[:, None] < k_len, offs_d[None, :], dv, HEAD_DIM, D_PAD,
-                     not EVEN, ATOMIC_DKDV)
-
-
-@triton.jit
-def _store_dkdv_hi(DK, DV, dk_hi, dv_hi, dk_rows, dv_rows, head, stride_dkn, stride_dkh, stride_dvn, stride_dvh,
-                   cols, offs_dh, k_len, HEAD_DIM: tl.constexpr, ATOMIC_DKDV: tl.constexpr, WANT_DK: tl.constexpr,
-                   WANT_DV: tl.constexpr):
-    """The second head-dim chunk's dK / dV of a dK/dV program: stored, or added (ATOMIC_DKDV) into fp32."""
-    mask = (cols[:, None] < k_len) & (offs_dh[None, :] < HEAD_DIM)
-    dk_ptrs = DK + dk_rows + head * stride_dkh + cols[:, None] * stride_dkn + offs_dh[None, :]
-    dv_ptrs = DV + dv_rows + head * stride_dvh + cols[:, None] * stride_dvn + offs_dh[None, :]
-    if ATOMIC_DKDV:
-        if WANT_DK:
-            tl.atomic_add(dk_ptrs, dk_hi, mask=mask, sem="relaxed")
-        if WANT_DV:
-            tl.atomic_add(dv_ptrs, dv_hi, mask=mask, sem="relaxed")
-    else:
-        if WANT_DK:
-            tl.store(dk_ptrs, dk_hi.to(DK.dtype.element_ty), mask=mask)
-        if WANT_DV:
-            tl.store(dv_ptrs, dv_hi.to(DV.dtype.element_ty), mask=mask)
+        dv_rows = (DV + b64 * stride_dvb + k_start.to(tl.int64) * stride_dvn + out_head.to(tl.int64) * stride_dvh
+                   + cols[:, None] * stride_dvn)
+        store_cols_t(dv_rows, key_ok, offs_d[None, :], dv, HEAD_DIM, D_PAD, not EVEN, ATOMIC_DKDV)
+        if D_HI:
+            store_cols_t(dv_rows, key_ok, offs_dh[None, :], dv_hi, HEAD_DIM, D_PAD + D_HI, True, ATOMIC_DKDV)
 
 
 # pairs_per_group: a runtime int (it follows the launch's program count: tuning.program_group), compiled once
@@ -718,14 +695,12 @@ def _dq_program(
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
         HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, D_HI, EVEN)
     dq = dq * sm_scale
-    store_cols_t(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
-                 + offs_m[:, None] * stride_dqm, row_mask[:, None], offs_d[None, :], dq, HEAD_DIM, D_PAD, not EVEN,
-                 False)
-    if D_HI:
-        dq_hi = dq_hi * sm_scale
-        tl.store(DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
-                 + offs_m[:, None] * stride_dqm + offs_dh[None, :], dq_hi.to(DQ.dtype.element_ty),
-                 mask=row_mask[:, None] & (offs_dh[None, :] < HEAD_DIM))
+    dq_rows = (DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqm + h.to(tl.int64) * stride_dqh
+               + offs_m[:, None] * stride_dqm)
+    store_cols_t(dq_rows, row_mask[:, None], offs_d[None, :], dq, HEAD_DIM, D_PAD, not EVEN, False)
+    if D_HI:  # (the second chunk's columns, row-bounded as before EVEN_QK)
+        store_cols_t(dq_rows, row_mask[:, None], offs_dh[None, :], dq_hi * sm_scale, HEAD_DIM, D_PAD + D_HI, True,
+                     False)
 
 
 
