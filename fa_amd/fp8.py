@@ -10,10 +10,10 @@ costs the FP8 forward 11 % (docs/TUNING_NOTES.md v25).
 
 * `flash_attn_func` / `flash_attn_varlen_func` with FP8 q, k, v (one FP8 type the
   arch has: tables.FP8_DTYPES) and keyword-only `q_descale`, `k_descale`, `v_descale`
-  (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale; descales
-  must be > 0, as reciprocal scales are: a negative q_descale * k_descale raises where the values are
-  checked without a sync, else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16
-  or float32).  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
+  (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale, taken as they are -- a NaN
+  descale gives NaN rows, a negative v_descale a negated output -- except that the scores' scale
+  q_descale * k_descale must be >= 0: a negative product raises where the values are checked without a sync,
+  else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16 or float32).  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
   nheads_k, d, seqlen) tensor is used as it is.
@@ -89,23 +89,21 @@ def _ones(device: torch.device) -> Tensor:
 # --------------------------------------------------------------------------- arch and dtypes
 
 
-def fp8_dtypes(device) -> Tuple[torch.dtype, ...]:
+def fp8_dtypes(device, instead: str = "flash_attn_func with bfloat16 or float16 inputs") -> Tuple[torch.dtype, ...]:
     """The FP8 types with a dot product on `device` (a tensor or device), the quantising functions'
     type first.  Raises a ValueError naming the arch where there is none or the installed Triton
-    cannot compile it."""
+    cannot compile it, and what to use `instead`."""
     probe = device if isinstance(device, torch.Tensor) else torch.empty(0, device=device)
     arch = arch_for(probe)
     names = fp8_dtype_names(arch)
     if not names:
         raise ValueError(
             f"fa_amd: FP8 attention needs an FP8 dot product, which {arch.name} does not have (FP8 needs "
-            f"MI300 gfx942, MI350 gfx950 or NVIDIA sm89+); use flash_attn_func with bfloat16 or float16 "
-            f"inputs on this GPU")
+            f"MI300 gfx942, MI350 gfx950 or NVIDIA sm89+); use {instead} on this GPU")
     need = fp8_min_triton(arch)
     if TRITON_VERSION < need:
         raise ValueError(f"fa_amd: FP8 attention on {arch.name} needs triton >= {need[0]}.{need[1]} "
-                         f"(installed: {'.'.join(map(str, TRITON_VERSION))}); use flash_attn_func with "
-                         f"bfloat16 inputs, or a newer triton")
+                         f"(installed: {'.'.join(map(str, TRITON_VERSION))}); use {instead}, or a newer triton")
     return tuple(getattr(torch, n) for n in names if hasattr(torch, n))
 
 
@@ -119,7 +117,7 @@ def _check_fp8_inputs(q, k, v):
         plain = next(name for name in ("q", "k", "v") if name not in fp8)
         ref = fp8[0] if fp8 else None
         x = {"q": q, "k": k, "v": v}
-        got = f"{plain} is {x[plain].dtype}" + (f" but {ref} is {x[ref].dtype}" if ref else "")
+        got = f"{plain} is {x[plain].dtype}" + (f" while {ref} is {x[ref].dtype}" if ref else "")
         raise TypeError(f"FP8 attention takes q, k and v all in one FP8 dtype, but {got}; pass all three in FP8 "
                         f"(with q_descale/k_descale/v_descale), or high-precision inputs to flash_attn_func, "
                         f"or to flash_attn_fp8_func to have them quantised")
@@ -223,7 +221,7 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
                             f"type or fp16/bf16/fp32)")
     if k_cache.dtype != v_cache.dtype:
         raise TypeError(f"{kc_name} and {vc_name} must share one FP8 dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    supported = fp8_dtypes(q)
+    supported = fp8_dtypes(q, instead=f"flash_attn_with_kvcache with a bfloat16 or float16 {kc_name} / {vc_name}")
     if k_cache.dtype not in supported:
         raise TypeError(f"{kc_name} and {vc_name} are {k_cache.dtype}, which {arch_for(q).name} has no dot product "
                         f"for; its FP8 types are {', '.join(str(d) for d in supported)}")
@@ -462,7 +460,8 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                             out_dtype=out_dtype, deterministic=deterministic)
     _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
+        seqlen_k=max_seqlen_k if varlen else k.shape[1])
     if varlen:
         batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                     max_seqlen_k)
@@ -621,7 +620,8 @@ def flash_attn_fp8_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
     _api._check_qkv(q, k, v, varlen=False)
     fp8_dtypes(q)
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
+        seqlen_k=k.shape[1])
     alibi_slopes = _api._check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
     q, k, v = _api._fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
@@ -643,7 +643,8 @@ def flash_attn_varlen_fp8_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     fp8_dtypes(q)
     max_seqlen_q, max_seqlen_k = _api.integer_arg(max_seqlen_q), _api.integer_arg(max_seqlen_k)
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
+        seqlen_k=max_seqlen_k)
     batch, cu_seqlens_q, cu_seqlens_k = _api._check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                 max_seqlen_k)
     max_q, max_k = max_seqlen_q, max_seqlen_k

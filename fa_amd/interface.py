@@ -159,7 +159,11 @@ def _py_number(x):
 
 
 def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                       return_attn_probs):
+                       return_attn_probs, seqlen_k=None):
+    """(dropout_p, softmax_scale, window_left, window_right, softcap) checked and normalised; causal folded into
+    window_right = 0.  seqlen_k: the key length flash-attn's C++ API compares the window with (k's length,
+    max_seqlen_k, a KV cache's capacity): an entry >= it bounds nothing there (-1), before causal folds in -- so a
+    right window >= seqlen_k no longer masks the top rows of a call with more queries than keys."""
     dropout_p, softmax_scale, softcap = _py_number(dropout_p), _py_number(softmax_scale), _py_number(softcap)
     if isinstance(window_size, torch.Tensor) and window_size.shape == (2,):
         window_size = tuple(window_size.unbind())
@@ -190,6 +194,8 @@ def _normalize_scalars(head_dim, dropout_p, softmax_scale, causal, window_size, 
     # a window past any sequence fa_amd takes (its offsets are int32) is no window: -1, so no kernel argument
     # outgrows the int64 that Triton specialises ints into
     left, right = (-1 if w > _MAX_WINDOW else w for w in (left, right))
+    if type(seqlen_k) is int:  # (not yet checked where the caller passes max_seqlen_k: its own check names it)
+        left, right = (-1 if w >= seqlen_k else w for w in (left, right))
     if causal:
         right = 0
     if softcap is None:
@@ -404,7 +410,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                                       q_descale, k_descale, v_descale, out_dtype, sinks=sinks, s_aux=s_aux)
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
+        seqlen_k=k.shape[1])
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     sinks = _check_sinks(sinks, s_aux, q, q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
@@ -478,7 +485,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                        block_table, seqused_k, sinks=sinks, s_aux=s_aux, deterministic=deterministic)
     _check_qkv(q, k, v, varlen=True)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+        q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
+        seqlen_k=max_seqlen_k)
     batch, cu_seqlens_q, cu_seqlens_k = _check_varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                            max_seqlen_k)
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])

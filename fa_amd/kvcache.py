@@ -162,7 +162,8 @@ def _check_index(name: str, t, batch: int, q, dtypes=_INDEX_DTYPES, shape=None):
         what = "an int, an int32 torch.Tensor or None" if name == "cache_seqlens" else "a torch.Tensor or None"
         raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
     if t.dtype not in dtypes:
-        raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+        kinds = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must be an {kinds} tensor, got {t.dtype}")
     want = shape or (batch,)
     if tuple(t.shape) != tuple(want):
         raise ValueError(f"{name} must have shape {tuple(want)}, got {tuple(t.shape)}")
@@ -405,7 +406,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 rotary_sin=rotary_sin, alibi_slopes=alibi_slopes, sinks=sinks, s_aux=s_aux, q_descale=q_descale,
                 k_descale=k_descale, v_descale=v_descale)
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap, False,
-                                                         False)
+                                                         False, seqlen_k=capacity)
     for name, flag in (("rotary_interleaved", rotary_interleaved), ("return_softmax_lse", return_softmax_lse)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -438,6 +439,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          f"elements fa_amd addresses within one cache row; use a paged cache (block_table)")
     _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, cache_batch_idx, cache_leftpad,
                         block_table, k_cache, batch)
+    rotary_per_token = _rotary_per_token(causal, left, right, capacity)
+    if rotary_cos is not None and rotary_per_token:
+        _check_rotary_q_positions(rotary_cos.shape[0], seqlen_q, cache_seqlens, cache_seqlens_int)
 
     if plain_key is not None and not fp8:
         if len(_CHECKED_PLAIN_CALLS) >= _MAX_CHECKED:
@@ -454,8 +458,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens=cache_seqlens, cache_seqlens_int=cache_seqlens_int, seqlen_new=seqlen_new,
         cache_leftpad=cache_leftpad, cache_batch_idx=cache_batch_idx, block_table=block_table,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-        rotary_per_token=_rotary_per_token(causal, left, right, capacity), num_splits=num_splits, sinks=sinks,
-        descale=descale,
+        rotary_per_token=rotary_per_token, num_splits=num_splits, sinks=sinks, descale=descale,
         out_dtype=out_dtype_fp8, plan_key=_decode_plan_key(plain_key) if plain_key is not None and not fp8 else None,
         need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
@@ -551,6 +554,23 @@ def _check_index_values(cache_seqlens, cache_seqlens_int, seqlen_new, capacity, 
         _check_block_entries(block_table, ends.clamp(0, capacity), k_cache.shape[0], k_cache.shape[1])
 
 
+def _check_rotary_q_positions(seqlen_ro: int, seqlen_q: int, cache_seqlens, cache_seqlens_int):
+    """A causal / local call rotates q token i at cache_seqlens + i: with more query tokens than new keys the last
+    ones sit past the cache's filled slots, and may sit past the rotary tables (flash-attn reads outside them
+    there; the kernels clamp to the last row).  A ValueError where the values are known on the host (an int, or a
+    tensor checked now: _check_values_now)."""
+    if cache_seqlens_int is not None:
+        hi = cache_seqlens_int
+    elif cache_seqlens is not None and _check_values_now(cache_seqlens):
+        hi = memo_per_tensor(cache_seqlens, "kvcache_minmax", _minmax)[1]
+    else:
+        return
+    if hi + seqlen_q > seqlen_ro:
+        raise ValueError(f"rotary_cos/rotary_sin cover {seqlen_ro} positions, but this causal / local call rotates "
+                         f"query token i at cache_seqlens + i: up to position {hi + seqlen_q - 1} (cache_seqlens up "
+                         f"to {hi}, seqlen_q {seqlen_q}); pass tables of at least {hi + seqlen_q} positions")
+
+
 def _ends(cache_seqlens, cache_seqlens_int, capacity, batch, device):
     if cache_seqlens is not None:
         return cache_seqlens.to(torch.int64)
@@ -625,7 +645,7 @@ def flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                          f"inference), got {dropout_p!r}")
     # (deterministic: a forward-only path has nothing to make deterministic, but the flag is checked as elsewhere)
     _, scale, left, right, softcap = _normalize_scalars(d, 0.0, softmax_scale, causal, window_size, softcap,
-                                                         deterministic, return_attn_probs)
+                                                         deterministic, return_attn_probs, seqlen_k=max_seqlen_k)
     # no segment is longer than q: a larger max_seqlen_q would only size the grid (2**31 of them hung the
     # interpreter and would pass the GPU's grid limit)
     max_seqlen_q = min(max_seqlen_q, q.shape[0])

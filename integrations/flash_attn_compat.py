@@ -40,11 +40,12 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
              window_size_left, window_size_right, softcap, alibi_slopes, return_softmax, varlen):
     api = _interface()
     api._check_qkv(q, k, v, varlen=varlen)
-    dropout_p, scale, left, right, softcap = api._normalize_scalars(
-        q.shape[-1], dropout_p, softmax_scale, causal, (window_size_left, window_size_right), softcap, False,
-        return_softmax)
     if varlen:
         max_seqlen_q, max_seqlen_k = api.integer_arg(max_seqlen_q), api.integer_arg(max_seqlen_k)
+    dropout_p, scale, left, right, softcap = api._normalize_scalars(
+        q.shape[-1], dropout_p, softmax_scale, causal, (window_size_left, window_size_right), softcap, False,
+        return_softmax, seqlen_k=max_seqlen_k if varlen else k.shape[1])
+    if varlen:
         api._check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
         api._check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
         batch, nheads = cu_seqlens_q.numel() - 1, q.shape[1]
@@ -101,14 +102,14 @@ def _backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seql
               deterministic, rng_state, varlen):
     api = _interface()
     api._check_qkv(q, k, v, varlen=varlen)
+    if varlen:
+        max_seqlen_q, max_seqlen_k = api.integer_arg(max_seqlen_q), api.integer_arg(max_seqlen_k)
     dropout_p, scale, left, right, softcap = api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, (window_size_left, window_size_right), softcap,
-        deterministic, False)
+        deterministic, False, seqlen_k=max_seqlen_k if varlen else k.shape[1])
     if dropout_p > 0.0 and rng_state is None:
         raise ValueError("dropout_p > 0 needs the rng_state the forward returned (the same dropout mask)")
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    if varlen:
-        max_seqlen_q, max_seqlen_k = api.integer_arg(max_seqlen_q), api.integer_arg(max_seqlen_k)
     alibi_slopes = api._check_alibi(alibi_slopes, q, batch, q.shape[-2])
     grads = torch.ops.fa_amd.attention_bwd(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale,

@@ -439,9 +439,9 @@ def test_bad_fp8_input(device):
     k = _fresh(2, 8, 2, 16, device=device)
     q8, k8 = q.to(E4M3), k.to(E4M3)
     ones = torch.ones(2, 2, device=device)
-    with pytest.raises(TypeError, match="v is torch.bfloat16 but q is torch.float8_e4m3fn"):
+    with pytest.raises(TypeError, match="v is torch.bfloat16 while q is torch.float8_e4m3fn"):
         fa_amd.flash_attn_func(q8, k8, k.to(torch.bfloat16))
-    with pytest.raises(TypeError, match="q is torch.float16 but k is torch.float8_e4m3fn"):
+    with pytest.raises(TypeError, match="q is torch.float16 while k is torch.float8_e4m3fn"):
         fa_amd.flash_attn_func(q.half(), k8, k8)
     with pytest.raises(TypeError, match="share one FP8 dtype"):
         fa_amd.flash_attn_func(q8, k8, k.to(torch.float8_e5m2))

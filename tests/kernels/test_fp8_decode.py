@@ -319,7 +319,7 @@ def test_fp8_kvcache_arch_without_fp8(device, monkeypatch):
     monkeypatch.setitem(tables.FP8_DTYPES, family_of(arch), ())
     monkeypatch.delitem(tables.FP8_DTYPES, arch.name, raising=False)
     kc = torch.randn(1, 16, 1, 16, device=device).to(fp8)
-    with pytest.raises(ValueError, match=f"{arch.name}.*bfloat16 or float16"):
+    with pytest.raises(ValueError, match=f"{arch.name}.*flash_attn_with_kvcache with a bfloat16 or float16 k_cache"):
         fa_amd.flash_attn_with_kvcache(torch.randn(1, 1, 1, 16, device=device).half(), kc, kc.clone())
 
 
