@@ -483,11 +483,12 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     # twice per call (a strided torch copy, then the token-major copy back; 0.26 ms of a 1.6 ms b2 s8k call)
     q, k = (_api._last_dim_contiguous(x) for x in (q, k))
     v = _v_layout(v, varlen, arch_for(q))
-    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, varlen, return_attn_probs)
+    with_probs = _api.probs_wanted(return_attn_probs, dropout_p)
+    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, varlen, with_probs)
     # (the kernels read the three descales in place: no launch here to pack them)
     out, lse, probs = _fp8_forward(
         q, k, v, descales, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale, left, right, softcap,
-        alibi_slopes, _api._rng_state(dropout_p, q.device), return_attn_probs, out_dtype, sinks=sinks)
+        alibi_slopes, _api._rng_state(dropout_p, q.device), with_probs, out_dtype, sinks=sinks)
     return _api._finish(out, lse, probs, return_attn_probs)
 
 
@@ -624,10 +625,11 @@ def flash_attn_fp8_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
         seqlen_k=k.shape[1])
     alibi_slopes = _api._check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
-    q, k, v = _api._fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
+    with_probs = _api.probs_wanted(return_attn_probs, dropout_p)
+    q, k, v = _api._fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, with_probs)
     out, lse, probs = _attention_fp8(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
-        _api._rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        _api._rng_state(dropout_p, q.device), with_probs, deterministic)
     return _api._finish(out, lse, probs, return_attn_probs)
 
 
@@ -650,10 +652,11 @@ def flash_attn_varlen_fp8_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     max_q, max_k = max_seqlen_q, max_seqlen_k
     alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, q.shape[1])
     q, k, v = (_api._last_dim_contiguous(x) for x in (q, k, v))
-    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, True, return_attn_probs)
+    with_probs = _api.probs_wanted(return_attn_probs, dropout_p)
+    q, k, v = _api._fit_int32_offsets(q, k, v, max_q, max_k, True, with_probs)
     out, lse, probs = _attention_fp8(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p, scale, left, right, softcap, alibi_slopes,
-        _api._rng_state(dropout_p, q.device), return_attn_probs, deterministic)
+        _api._rng_state(dropout_p, q.device), with_probs, deterministic)
     return _api._finish(out, lse, probs, return_attn_probs)
 
 

@@ -379,6 +379,14 @@ def _rng_state(dropout_p: float, device) -> Optional[torch.Tensor]:
     return torch.randint(0, 2 ** 62, (2,), device=device, dtype=torch.int64)
 
 
+def probs_wanted(return_attn_probs: bool, dropout_p: float) -> bool:
+    """Whether a call materialises S_dmask: as flash-attn (its Python layer asks its kernels for the matrix only
+    when `return_attn_probs and dropout_p > 0`), only with dropout; without it S_dmask is an empty tensor, so a
+    caller after softmax_lse alone (return_attn_probs=True, as ring / merged attention does) never pays for a
+    (batch, nheads, seqlen_q, seqlen_k) matrix."""
+    return return_attn_probs and dropout_p > 0.0
+
+
 def _finish(out, lse, probs, return_attn_probs):
     return (out, lse, probs) if return_attn_probs else out
 
@@ -392,8 +400,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     causal is aligned to the bottom-right corner when seqlen_q != seqlen_k.
     Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs also
-    softmax_lse (batch, nheads, seqlen_q) fp32 and S_dmask (batch, nheads, seqlen_q,
-    seqlen_k): probabilities, negated where dropout dropped them (testing only).
+    softmax_lse (batch, nheads, seqlen_q) fp32 and S_dmask: with dropout_p > 0 the (batch, nheads, seqlen_q,
+    seqlen_k) probabilities, negated where dropout dropped them (testing only); without dropout an empty
+    tensor, as flash-attn returns it (probs_wanted).
     deterministic=True computes every gradient without atomics (bitwise reproducible); the default False
     lets the arch's tables choose atomics where they are faster (fp32 atomic dQ on AMD, atomic sums of
     split GQA groups on sm90; last-bit run-to-run differences there).
@@ -408,17 +417,28 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         return fp8.descaled_attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size,
                                       softcap, alibi_slopes, deterministic, return_attn_probs,
                                       q_descale, k_descale, v_descale, out_dtype, sinks=sinks, s_aux=s_aux)
+    return dense_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, sinks, s_aux)
+
+
+def dense_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                    return_attn_probs, sinks, s_aux, flash_window_rule=True):
+    """flash_attn_func for high-precision q, k, v.  flash_window_rule=False takes the window literally instead of
+    flash-attn's rule (an entry >= seqlen_k bounds nothing, _normalize_scalars): fa_amd.sdpa's route expresses
+    SDPA's top-left causal mask with more queries than keys as window (-1, seqlen_q - seqlen_k), which may pass
+    seqlen_k."""
     _check_qkv(q, k, v, varlen=False)
     dropout_p, scale, left, right, softcap = _normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,
-        seqlen_k=k.shape[1])
+        seqlen_k=k.shape[1] if flash_window_rule else None)
     alibi_slopes = _check_alibi(alibi_slopes, q, q.shape[0], q.shape[2])
     sinks = _check_sinks(sinks, s_aux, q, q.shape[2])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, return_attn_probs)
+    with_probs = probs_wanted(return_attn_probs, dropout_p)
+    q, k, v = _fit_int32_offsets(q, k, v, q.shape[1], k.shape[1], False, with_probs)
     out, lse, probs = ops.attention(
         q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, scale, left, right, softcap, alibi_slopes,
-        _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
+        _rng_state(dropout_p, q.device), with_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
@@ -429,6 +449,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    _check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")  # (its dtype under its own name)
     q, k, v = qkv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
@@ -441,6 +462,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv must be a tensor of shape (batch, seqlen_k, 2, nheads_k, headdim), got "
                          f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    _check_tensor("kv", kv, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(2)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs, sinks=sinks, s_aux=s_aux)
@@ -492,10 +514,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     alibi_slopes = _check_alibi(alibi_slopes, q, batch, q.shape[1])
     sinks = _check_sinks(sinks, s_aux, q, q.shape[1])
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, return_attn_probs)
+    with_probs = probs_wanted(return_attn_probs, dropout_p)
+    q, k, v = _fit_int32_offsets(q, k, v, max_seqlen_q, max_seqlen_k, True, with_probs)
     out, lse, probs = ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, scale, left, right, softcap,
-        alibi_slopes, _rng_state(dropout_p, q.device), return_attn_probs, deterministic, sinks)
+        alibi_slopes, _rng_state(dropout_p, q.device), with_probs, deterministic, sinks)
     return _finish(out, lse, probs, return_attn_probs)
 
 
@@ -506,6 +529,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    _check_tensor("qkv", qkv, 4, "(total, 3, nheads, headdim)")
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -520,6 +544,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv must be a tensor of shape (total_k, 2, nheads_k, headdim), got "
                          f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    _check_tensor("kv", kv, 4, "(total_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(1)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

@@ -96,9 +96,35 @@ def attention_bwd(
     alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor], deterministic: bool,
     sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    # (public: torch.ops.fa_amd.attention_bwd, flash_attn_interface._flash_attn_backward's stand-in)
+    softmax_lse = check_backward_tensors(dout, q, out, softmax_lse, cu_seqlens_q is not None)
     return _backward_impl(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           dropout_p, softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state,
                           deterministic, sinks)
+
+
+def check_backward_tensors(dout: Tensor, q: Tensor, out: Tensor, softmax_lse: Tensor, varlen: bool) -> Tensor:
+    """dout, out and softmax_lse of a caller's backward against q, as flash-attn checks them: the kernels read
+    lse rows (and write its delta twin, made in lse's shape) per query row, so a shorter lse would be read and
+    written past its end.  Returns softmax_lse with contiguous rows (the kernels read lse and delta with one set
+    of strides)."""
+    for name, x in (("dout", dout), ("out", out), ("softmax_lse", softmax_lse)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; all inputs must share one device")
+    for name, x in (("dout", dout), ("out", out)):
+        if x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(x.shape)}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+    want = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    if softmax_lse.dtype != torch.float32:
+        raise TypeError(f"softmax_lse must be float32 (the forward's), got {softmax_lse.dtype}")
+    if tuple(softmax_lse.shape) != want:
+        layout = "(nheads, total_q)" if varlen else "(batch, nheads, seqlen_q)"
+        raise ValueError(f"softmax_lse must have shape {layout} = {want}, got {tuple(softmax_lse.shape)}")
+    return softmax_lse if softmax_lse.is_contiguous() else softmax_lse.contiguous()
 
 
 def _gradients(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

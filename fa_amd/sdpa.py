@@ -300,9 +300,10 @@ def _sdpa_on_fa_amd(query, key, value, attn_mask, dropout_p, is_causal, scale):
         else:  # keys past seqlen_q are seen by no row
             k, v = k[:, :seqlen_q], v[:, :seqlen_q]
             causal = True
-    out = interface.flash_attn_func(q, k, v, dropout_p=float(dropout_p), softmax_scale=float(scale), causal=causal,
-                                    window_size=window,
-                                    deterministic=torch.are_deterministic_algorithms_enabled())
+    # (the window literally: (-1, seqlen_q - seqlen_k) may pass seqlen_k, where flash-attn's rule would drop it)
+    out = interface.dense_attention(q, k, v, float(dropout_p), float(scale), causal, window, 0.0, None,
+                                    torch.are_deterministic_algorithms_enabled(), False, None, None,
+                                    flash_window_rule=False)
     if width != v_dim:
         out = out[..., :v_dim]
     out = out.transpose(1, 2)

@@ -109,6 +109,9 @@ def _backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seql
         deterministic, False, seqlen_k=max_seqlen_k if varlen else k.shape[1])
     if dropout_p > 0.0 and rng_state is None:
         raise ValueError("dropout_p > 0 needs the rng_state the forward returned (the same dropout mask)")
+    if varlen:  # (the forward's checks: values too, once per tensor)
+        cu_seqlens_q = api._check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
+        cu_seqlens_k = api._check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     alibi_slopes = api._check_alibi(alibi_slopes, q, batch, q.shape[-2])
     grads = torch.ops.fa_amd.attention_bwd(

@@ -47,6 +47,8 @@ HARMLESS_KWARGS = frozenset(
         "return_dict",
         "num_items_in_batch",
         "labels",
+        "shift_labels",  # (Transformers' loss kwargs, passed down through **kwargs: context parallelism,
+        "ignore_index",  # padding-free collators)
         "token_type_ids",
         "seq_idx",
         "layer_idx",
@@ -102,8 +104,8 @@ def _check_kwargs(kwargs: dict) -> None:
             if value:
                 _warn_once(
                     "output_attentions",
-                    "fa_amd does not materialise attention probabilities; output_attentions=True "
-                    "returns None for them. Use attn_implementation='eager' to get them.",
+                    "fa_amd does not materialise attention probabilities; with output_attentions=True its "
+                    "layers return no attention weights. Use attn_implementation='eager' to get them.",
                 )
             continue
         if name in UNSUPPORTED_KWARGS:
@@ -259,6 +261,24 @@ def _query_ends(mask: torch.Tensor) -> torch.Tensor:
     index = torch.arange(length, device=mask.device, dtype=torch.int32)
     ends = ((mask >= 2) * (mask + index - 1)).amax(-1)
     return torch.where(ends > 0, ends, length).to(torch.int32)
+
+
+def _refuse_window_over_gaps(attention_mask: torch.Tensor, mask: torch.Tensor) -> None:
+    """A ValueError for a sliding window over a padding mask with gaps (kept keys, padding, kept keys again in a
+    row: a cached prefix followed by a left-padded chunk, as prefix tuning makes): the varlen route packs the kept
+    keys, which shortens the distances the window counts, and the decode kernel that keeps them takes no backward.
+    One device->host read per mask (memoized: every layer passes the same one); not under torch.compile."""
+    def has_gaps(_):
+        index = torch.arange(mask.shape[1], device=mask.device)
+        first = torch.where(mask, index, mask.shape[1]).amin(-1)
+        last = torch.where(mask, index, -1).amax(-1)
+        return bool(((last - first + 1).clamp(min=0) != mask.sum(-1)).any())
+
+    if memo_per_tensor(attention_mask, "window_gaps", has_gaps):
+        raise ValueError(
+            "fa_amd: a sliding window over a padding mask with gaps (kept keys, then padding, then kept keys in "
+            "one row, e.g. a cached prefix followed by a left-padded chunk) cannot be computed exactly where a "
+            "backward is needed: pad on the right there, or use attn_implementation='sdpa' for such batches")
 
 
 def _query_columns(mask: torch.Tensor, query_length: int) -> torch.Tensor:
@@ -689,9 +709,18 @@ def _padded_attention(flash_attn_varlen_func, query, key, value, attention_mask,
     # every layer gets the same mask object: its segments are built once per forward
     device = str(query.device)
     seg_k = memo_per_tensor(attention_mask, ("segments", device), lambda _: _segments(mask))
+    if common["window_size"][0] >= 0 and not torch.compiler.is_compiling():
+        _refuse_window_over_gaps(attention_mask, mask)
     if query_length == key_length:
         seg_q = seg_k
+    elif not common["causal"]:
+        # cross-attention (the keys are another sequence's: an encoder's, padded by its own mask): every query
+        # row is the caller's, so all of them attend the kept keys, as eager computes them
+        seg_q = memo_per_tensor(attention_mask, ("all_queries", batch_size, query_length, device),
+                                lambda _: _segments(torch.ones(batch_size, query_length, dtype=torch.bool,
+                                                               device=query.device)))
     else:
+        # self-attention over a cache: the queries are the last query_length columns of each row
         seg_q = memo_per_tensor(attention_mask, ("query_segments", query_length, device),
                                 lambda _: _segments(_query_columns(raw, query_length)))
     out = flash_attn_varlen_func(

@@ -129,6 +129,47 @@ def test_private_varlen_and_dropout_rng_state(fa, device):
         iface._flash_attn_backward(dout, q, k, v, out, lse, None, None, None, 0.3, None, False)
 
 
+def test_private_backward_checks_the_callers_tensors(fa, device):
+    # ring attention passes its own out / lse / dout to the private backward: a short lse was read (and its delta
+    # twin written) past its end; wrong dtypes reached the kernels; bad cu_seqlens gave wrong gradients
+    iface = fa("flash_attn.flash_attn_interface")
+    q, k, v = _qkv(device, b=1, sq=9, sk=9)
+    out, lse, _, _ = iface._flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
+    dout = torch.randn_like(out)
+    bad = [(dict(softmax_lse=lse[:, :, :5]), ValueError, "softmax_lse must have shape"),
+           (dict(softmax_lse=lse.transpose(1, 2)), ValueError, "softmax_lse must have shape"),
+           (dict(softmax_lse=lse.half()), TypeError, "softmax_lse must be float32"),
+           (dict(dout=dout.half()), TypeError, "dout must have q's dtype"),
+           (dict(dout=dout[:, :5]), ValueError, "dout must have q's shape"),
+           (dict(out=out[:, :5]), ValueError, "out must have q's shape")]
+    args = dict(dout=dout, out=out, softmax_lse=lse)
+    for change, exc, match in bad:
+        call = dict(args, **change)
+        with pytest.raises(exc, match=match):
+            iface._flash_attn_backward(call["dout"], q, k, v, call["out"], call["softmax_lse"], None, None, None,
+                                       0.0, None, True)
+    # an lse view with strided rows is taken (made contiguous), with the same gradients
+    wide = torch.zeros(lse.shape[0], lse.shape[1], 2 * lse.shape[2], device=device)
+    wide[..., ::2] = lse
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    grads_view = [torch.empty_like(t) for t in (q, k, v)]
+    iface._flash_attn_backward(dout, q, k, v, out, lse, *grads, 0.0, None, True)
+    iface._flash_attn_backward(dout, q, k, v, out, wide[..., ::2], *grads_view, 0.0, None, True)
+    for a, b in zip(grads, grads_view):
+        assert torch.equal(a, b)
+    # varlen: the forward's cu_seqlens checks, values included
+    qv, kv, vv = (x[0] for x in (q, k, v))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    out_v, lse_v, _, _ = iface._flash_attn_varlen_forward(qv, kv, vv, cu, cu, 5, 5, 0.0, None, True)
+    for cu_bad, max_len, exc, match in ((cu.long(), 5, TypeError, "cu_seqlens_q must be int32"),
+                                        (torch.tensor([0, 6, 4], dtype=torch.int32, device=device), 6, ValueError,
+                                         "non-decreasing"),
+                                        (cu, 3, ValueError, "max_seqlen_q = 3 is smaller")):
+        with pytest.raises(exc, match=match):
+            iface._flash_attn_varlen_backward(out_v, qv, kv, vv, out_v, lse_v, None, None, None, cu_bad, cu_bad,
+                                              max_len, max_len, 0.0, None, True)
+
+
 def test_bert_padding(fa, device):
     bp = fa("flash_attn.bert_padding")
     x = torch.randn(2, 5, 3, device=device)

@@ -232,6 +232,47 @@ def test_harmless_and_none_kwargs_pass(device):
     fa_amd_attention_forward(
         FakeAttentionModule(), q, k, v, None, s_aux=None, use_cache=True, output_attentions=True, cache_position=None
     )
+    # Transformers' loss kwargs reach every attention call through **kwargs (context parallelism, padding-free
+    # collators); eager ignores them
+    labels = torch.zeros(2, 9, dtype=torch.long, device=device)
+    fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None, shift_labels=labels, ignore_index=-100)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("queries", [9, 20])
+def test_cross_attention_over_a_padded_encoder_mask(device, grad, queries):
+    # a non-causal module with another sequence's keys (BART's decoder cross-attention): every query row attends
+    # its row's kept encoder tokens; the key mask says nothing of the queries (which were zeroed where their index
+    # met a padded key column, whenever the varlen route ran: grad on, or more than 16 queries)
+    q, k, v = _qkv(sq=queries, sk=12, hk=4, device=device)
+    q.requires_grad_(grad)
+    mask = torch.ones(2, 12, dtype=torch.bool, device=device)
+    mask[1, 5:] = False
+    with torch.set_grad_enabled(grad):
+        out, _ = fa_amd_attention_forward(FakeAttentionModule(is_causal=False), q, k, v, mask)
+    bias = torch.zeros(2, 1, 1, 12, dtype=torch.float64, device=device).masked_fill(~mask[:, None, None, :],
+                                                                                    float("-inf"))
+    ref = torch.softmax(q.detach().double() @ k.double().transpose(-1, -2) * 16 ** -0.5 + bias, -1) @ v.double()
+    torch.testing.assert_close(out.detach().double(), ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_over_a_mask_with_gaps_needs_no_backward(device):
+    # a cached prefix, then a left-padded chunk: the decode kernel (no grad) counts the window in cache slots as
+    # eager does; where a backward is needed the varlen route would pack the gap away and widen the window, so
+    # it refuses
+    window, prefix, new = 3, 4, 6
+    mask = torch.tensor([[1] * prefix + [0, 0] + [1] * (new - 2)], dtype=torch.bool, device=device)
+    q, k, v = _qkv(b=1, hq=2, hk=2, sq=new, sk=prefix + new, d=8, device=device)
+    qpos = torch.arange(prefix, prefix + new, device=device)[:, None]
+    kpos = torch.arange(prefix + new, device=device)[None, :]
+    allowed = (kpos <= qpos) & (kpos > qpos - window) & mask[0][None, :]
+    bias = torch.zeros(new, prefix + new, dtype=torch.float64, device=device).masked_fill(~allowed, float("-inf"))
+    ref = (torch.softmax(q.double() @ k.double().transpose(-1, -2) * 8 ** -0.5 + bias, -1) @ v.double())
+    real = mask[0, prefix:]
+    out, _ = fa_amd_attention_forward(FakeAttentionModule(), q, k, v, mask, sliding_window=window)
+    torch.testing.assert_close(out[0, real].double(), ref.transpose(1, 2)[0, real], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="sliding window over a padding mask with gaps"):
+        fa_amd_attention_forward(FakeAttentionModule(), q.requires_grad_(), k, v, mask, sliding_window=window)
 
 
 def test_bad_masks_and_shapes_raise():

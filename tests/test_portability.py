@@ -58,7 +58,9 @@ def test_bf16_varlen_with_empty_segment_matches_float64():
 @interpreter_only
 def test_bf16_return_attn_probs_matches_float64():
     q, k, v = dense_qkv("cpu", torch.bfloat16, 1, 19, 23, 2, 2, 24)
-    out, lse, probs = fa_amd.flash_attn_func(q, k, v, softcap=3.0, return_attn_probs=True)
+    out, lse, _ = fa_amd.flash_attn_func(q, k, v, softcap=3.0, return_attn_probs=True)
+    # (S_dmask holds the probabilities with dropout only, negated where dropped, as in flash-attn)
+    probs = fa_amd.flash_attn_func(q, k, v, softcap=3.0, dropout_p=0.2, return_attn_probs=True)[2].abs()
     ref64, _ = attention_ref(*(x.detach().double() for x in (q, k, v)), softcap=3.0)
     ref_lp, _ = attention_ref(*(x.detach() for x in (q, k, v)), softcap=3.0, upcast=False)
     assert_close_to_ref("out", out, ref64, ref_lp, torch.bfloat16)

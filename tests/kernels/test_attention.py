@@ -133,7 +133,13 @@ def test_lse_and_probs(device):
     q, k, v = dense_qkv(device, torch.float32, b, sq, sk, hq, hk, d)
     out, lse, probs = fa_amd.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
-    assert probs.shape == (b, hq, sq, sk)
+    # without dropout S_dmask is empty, as flash-attn returns it (interface.probs_wanted); with dropout it holds the
+    # probabilities, negated where dropped
+    assert probs.numel() == 0
+    _, lse_dropout, probs = fa_amd.flash_attn_func(q, k, v, causal=True, dropout_p=0.2, return_attn_probs=True)
+    assert torch.equal(lse_dropout, lse) and probs.shape == (b, hq, sq, sk)
+    assert (probs < 0).any()
+    probs = probs.abs()
     _, lse_ref = attention_ref(q.double(), k.double(), v.double(), causal=True)
     torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-5)
     kk = k.double().repeat_interleave(2, dim=2)

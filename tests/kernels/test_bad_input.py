@@ -34,6 +34,20 @@ def test_unsupported_dtype(device):
     _raises(TypeError, "k must be", fa_amd.flash_attn_func, q, k.to(torch.int32), v)
 
 
+def test_packed_inputs_are_named_as_passed(device):
+    # the packed wrappers' errors name qkv / kv, the caller's arguments, not the q / k / v views of them
+    _raises(TypeError, "qkv must be float16", fa_amd.flash_attn_qkvpacked_func,
+            torch.zeros(1, 8, 3, 2, 32, device=device, dtype=torch.int32))
+    _raises(TypeError, "kv must be float16", fa_amd.flash_attn_kvpacked_func, _qkv(device)[0],
+            torch.zeros(1, 8, 2, 2, 32, device=device, dtype=torch.int32))
+    cu = cu_seqlens([3, 5], device)
+    _raises(TypeError, "qkv must be float16", fa_amd.flash_attn_varlen_qkvpacked_func,
+            torch.zeros(8, 3, 2, 32, device=device, dtype=torch.int32), cu, 5)
+    _raises(TypeError, "kv must be float16", fa_amd.flash_attn_varlen_kvpacked_func,
+            torch.randn(8, 2, 32, device=device).half(), torch.zeros(8, 2, 2, 32, device=device, dtype=torch.int32),
+            cu, cu, 5, 5)
+
+
 def test_not_a_tensor(device):
     q, k, v = _qkv(device)
     _raises(TypeError, "v must be a torch.Tensor", fa_amd.flash_attn_func, q, k, v.tolist())
@@ -299,10 +313,11 @@ def test_sequence_past_int32_offsets(device):
     cu = torch.tensor([0, 4, 11], dtype=torch.int32, device=device)
     _raises(ValueError, r"max\(max_seqlen_q, max_seqlen_k\) = 1099511627776 x nheads 2 x head dim 16 exceeds",
             fa_amd.flash_attn_varlen_func, q, q, q, cu, cu, 2 ** 40, 7)
-    # the (seqlen_q x seqlen_k) probability matrix of return_attn_probs
+    # the (seqlen_q x seqlen_k) probability matrix of return_attn_probs (materialised with dropout only, as in
+    # flash-attn: without it S_dmask is empty, so such a call runs; too long for the interpreter here)
     q = torch.randn(1, 46341, 1, 16, device=device, dtype=torch.float16)
     _raises(ValueError, r"return_attn_probs=True needs a 46341 x 46341 probability matrix",
-            fa_amd.flash_attn_func, q, q, q, return_attn_probs=True)
+            fa_amd.flash_attn_func, q, q, q, dropout_p=0.1, return_attn_probs=True)
 
 
 def test_memo_sees_numpy_writes_to_cpu_tensors():

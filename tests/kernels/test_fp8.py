@@ -277,7 +277,11 @@ def test_fp8_func_forward_and_probs(device, dtype):
     q, k, v = _fresh(b, sq, hq, d, device=device, dtype=dtype), _fresh(b, sk, hk, d, device=device, dtype=dtype), \
         _fresh(b, sk, hk, d, device=device, dtype=dtype)
     out, lse, probs = fa_amd.flash_attn_fp8_func(q, k, v, causal=True, return_attn_probs=True)
-    assert out.dtype == dtype and probs.shape == (b, hq, sq, sk)
+    assert out.dtype == dtype and probs.numel() == 0  # without dropout S_dmask is empty, as in flash-attn
+    # with dropout: the probabilities, negated where dropped
+    probs = fa_amd.flash_attn_fp8_func(q, k, v, causal=True, dropout_p=0.2, return_attn_probs=True)[2]
+    assert probs.shape == (b, hq, sq, sk) and (probs < 0).any()
+    probs = probs.abs()
     q8, qd = fp8_quantize_ref(q, E4M3)
     k8, kd = fp8_quantize_ref(k, E4M3)
     v8, vd = fp8_quantize_ref(v, E4M3)

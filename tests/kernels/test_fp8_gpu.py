@@ -74,6 +74,9 @@ def test_descaled_inputs_features(feature):
     # as FA3 and DeepSeek-V3 report), so scores of magnitude ~10 carry ~1e-3 absolute error; the
     # emulation is float64 (on the CPU interpreter, whose FP8 dots are exact, the same case is 6e-7)
     assert (lse[finite].double() - emu_lse[finite]).abs().max() < 4e-3
+    assert probs.numel() == 0  # without dropout S_dmask is empty, as in flash-attn; with it the probabilities
+    probs = fa_amd.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, dropout_p=0.1,
+                                   return_attn_probs=True, out_dtype=torch.float32, **kw)[2].abs()
     torch.testing.assert_close(probs.double().sum(-1)[finite], torch.ones_like(emu_lse)[finite], atol=2e-3, rtol=0)
 
 
