@@ -13,7 +13,8 @@ costs the FP8 forward 11 % (docs/TUNING_NOTES.md v25).
   (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale, taken as they are -- a NaN
   descale gives NaN rows, a negative v_descale a negated output -- except that the scores' scale
   q_descale * k_descale must be >= 0: a negative product raises where the values are checked without a sync,
-  else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16 or float32).  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
+  else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16 or float32).
+  Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
   nheads_k, d, seqlen) tensor is used as it is.
