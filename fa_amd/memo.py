@@ -24,6 +24,18 @@ _MAX_ENTRIES = 256
 _entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, int, Any, Any]] = {}
 
 
+def memo_lookup(tensor: torch.Tensor, tag: Hashable) -> Any:
+    """What memo_per_tensor remembered for this tensor at its current version under `tag`, or None (nothing is
+    computed or stored)."""
+    if torch.compiler.is_compiling():
+        return None
+    hit = _entries.get((id(tensor), tag))
+    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version and (
+            hit[3] is None or torch.equal(hit[3], tensor)):
+        return hit[2]
+    return None
+
+
 def memo_per_tensor(tensor: torch.Tensor, tag: Hashable, compute: Callable[[torch.Tensor], Any]) -> Any:
     """compute(tensor), remembered for this tensor object at its current version (per tag)."""
     if torch.compiler.is_compiling():

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from fa_amd.kernels.decode import filed_plan, grown_plan, run_filed_plan
-from fa_amd.memo import memo_per_tensor
+from fa_amd.memo import memo_lookup, memo_per_tensor
 from fa_amd.ops import packed_bounds_from_positions
 
 logger = logging.getLogger(__name__)
@@ -413,6 +413,12 @@ def fa_amd_attention_forward(
 
     causal = _is_causal(module, is_causal)
     window_size = sliding_window_to_window_size(sliding_window, causal, key.shape[1])
+    bidirectional = memo_lookup(attention_mask, _BIDIRECTIONAL_MASK) if attention_mask is not None else None
+    if bidirectional is not None:
+        # the model's mask is bidirectional (fa_amd_attention_mask probed it): it decides, as in eager
+        (causal, window_size), all_kept = (False, bidirectional[0]), bidirectional[1]
+        if all_kept:
+            attention_mask = None  # nothing padded: the dense kernel
     # Dropout only while training, exactly like eager's F.dropout(training=module.training).
     dropout_p = float(dropout) if getattr(module, "training", False) else 0.0
     common = dict(
@@ -768,6 +774,70 @@ def _mask_part_not_computed(mask_function, depth: int = 0) -> Optional[str]:
     return None
 
 
+# memo tag of the keep-masks fa_amd_attention_mask builds for a model mask that is bidirectional (probed):
+# ((left, right) window in flash terms, every key kept)
+_BIDIRECTIONAL_MASK = "fa_amd_bidirectional_mask"
+# a probe evaluates the model's mask function over at most this many (batch, query, key) points at a time
+_PROBE_CHUNK = 1 << 24
+
+
+def _probed_bidirectional_window(mask_function, batch_size, q_length, kv_length, q_offset, kv_offset, device):
+    """The flash window (left, right) that a model's mask function (one with parts fa_amd does not compute, before
+    padding) amounts to on this call's (query, key) positions, if it is bidirectional: every key ((-1, -1)), or
+    the keys within W - 1 positions either side ((W - 1, W - 1)).  None when it is anything else (causal parts,
+    chunks, blocks ...) or cannot be evaluated on index tensors.  The function is evaluated on every (batch,
+    query, key) point of the call, in chunks of query rows: O(q_length * kv_length) element-wise work, once per
+    forward and layer type."""
+    if not all(isinstance(x, int) for x in (q_length, kv_length, q_offset, kv_offset)) or q_length < 1:
+        return None
+    device = torch.device(device)
+    batch = torch.arange(batch_size, device=device)[:, None, None]
+    head = torch.zeros((), dtype=torch.long, device=device)
+    keys = kv_offset + torch.arange(kv_length, device=device)
+    rows = max(1, _PROBE_CHUNK // max(1, batch_size * kv_length))
+    widest = -1  # the largest |query - key| distance kept
+    none_dropped = kv_length + q_length + abs(q_offset - kv_offset)  # past every distance of the call
+    nearest_dropped = none_dropped  # the smallest distance dropped
+    with torch.no_grad():
+        for r0 in range(0, q_length, rows):
+            queries = q_offset + torch.arange(r0, min(q_length, r0 + rows), device=device)
+            try:
+                kept = mask_function(batch, head, queries[None, :, None], keys[None, None, :])
+                kept = torch.as_tensor(kept, device=device).to(torch.bool).expand(batch_size, len(queries), kv_length)
+            except Exception:  # not index-based (Transformers then evaluates it by vmap): not probed
+                return None
+            distance = (queries[:, None] - keys[None, :]).abs().expand_as(kept)
+            kept_max, dropped_min = torch.stack([torch.where(kept, distance, -1).amax(),
+                                                 torch.where(kept, nearest_dropped, distance).amin()]).tolist()
+            widest, nearest_dropped = max(widest, kept_max), min(nearest_dropped, dropped_min)
+    if widest < 0:
+        return None
+    if nearest_dropped == none_dropped:
+        return (-1, -1)
+    if nearest_dropped != widest + 1:
+        return None  # kept and dropped keys at the same distance: not a symmetric window
+    return (widest, widest)
+
+
+def _bidirectional_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, window, device):
+    """The keep-mask of a bidirectional model mask (_probed_bidirectional_window), tagged with its window: the
+    attention then runs non-causal over it, whatever the module's is_causal says (the mask decides, as in eager).
+    Only without a cache: the kernels' windows are aligned at the last query and key."""
+    if not (q_offset == 0 and kv_offset == 0 and kv_length == q_length):
+        raise ValueError(
+            "fa_amd computes this model's bidirectional mask (its or_mask_function) only without a KV cache "
+            f"(got {q_length} queries at offset {q_offset} over {kv_length} keys at offset {kv_offset}); use "
+            "attn_implementation='sdpa' or 'eager' to run it over a cache")
+    check_padding_mask(attention_mask, batch_size, q_length, kv_length)
+    if attention_mask is None:
+        keep = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
+    else:
+        keep = attention_mask != 0  # a new tensor: the caller's mask never carries the tag
+    all_kept = bool(keep.all())
+    memo_per_tensor(keep, _BIDIRECTIONAL_MASK, lambda _: (window, all_kept))
+    return keep
+
+
 def fa_amd_attention_mask(
     batch_size: int,
     q_length: int,
@@ -792,11 +862,18 @@ def fa_amd_attention_mask(
     if mask_function is not None and not torch.compiler.is_compiling():
         unsupported = _mask_part_not_computed(mask_function)
         if unsupported:
-            raise ValueError(
-                f"fa_amd computes causal, bidirectional, sliding-window, padding and packed-sequence masks only; this "
-                f"model's mask adds another pattern ({unsupported}: e.g. chunked attention, bidirectional image-token "
-                f"blocks, or a custom or_mask_function / and_mask_function), which fa_amd would silently drop. Use "
-                f"attn_implementation='sdpa' or 'eager' for this model.")
+            # (e.g. Gemma3 / EmbeddingGemma with use_bidirectional_attention: an or_mask_function that opens the
+            # causal mask into a full or a symmetric sliding-window one, which the kernels compute)
+            window = _probed_bidirectional_window(mask_function, batch_size, q_length, kv_length, q_offset,
+                                                  kv_offset, kwargs.get("device", "cpu"))
+            if window is None:
+                raise ValueError(
+                    f"fa_amd computes causal, bidirectional, sliding-window, padding and packed-sequence masks only; "
+                    f"this model's mask adds another pattern ({unsupported}: e.g. chunked attention, bidirectional "
+                    f"image-token blocks, or a custom or_mask_function / and_mask_function), which fa_amd would "
+                    f"silently drop. Use attn_implementation='sdpa' or 'eager' for this model.")
+            return _bidirectional_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
+                                            window, kwargs.get("device", "cpu"))
     # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
     # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs

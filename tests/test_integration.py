@@ -482,3 +482,67 @@ def test_rows_packed_by_position_ids_at_batch_2_match_eager(device, compiled):
     assert losses["fa_amd"] == pytest.approx(losses["eager"], rel=1e-5)
     for name, grad in grads["eager"].items():
         torch.testing.assert_close(grads["fa_amd"][name], grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("module_causal", [None, True])
+def test_bidirectional_or_mask_models_match_eager(device, module_causal):
+    """Gemma 3 with use_bidirectional_attention (EmbeddingGemma) opens its causal masks with an or_mask_function:
+    every key on full layers, |query - key| < W on sliding ones.  fa_amd probes the composed mask function and runs
+    that pattern (audit 2026-11-29: the mask builder refused the model).  The mask decides, as in eager: with the
+    modules' is_causal forced on (Step3p7's text model sets it while its masks are bidirectional) the result is
+    the same.  Padded and unpadded, loss-free outputs and gradients against eager; a cache is refused clearly."""
+    import copy
+
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=9,
+                              use_bidirectional_attention=True, max_position_embeddings=64,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    assert config.sliding_window == 5  # (halved by the config: 13 tokens see a window on the sliding layers)
+    torch.manual_seed(0)
+    models = {impl: Gemma3TextModel._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
+              for impl in ("eager", "fa_amd")}
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    if module_causal:
+        for model in models.values():
+            for layer in model.layers:
+                layer.self_attn.is_causal = True
+    ids = torch.randint(0, 97, (2, 13), device=device)
+    padded = torch.ones(2, 13, dtype=torch.long, device=device)
+    padded[1, :4] = 0
+    for mask in (None, padded):
+        outs, grads = {}, {}
+        for impl, model in models.items():
+            model.zero_grad()
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+            kept = 1.0 if mask is None else mask[..., None]
+            (out * weights * kept).sum().backward()
+            outs[impl] = out if mask is None else out[mask.bool()]
+            grads[impl] = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        torch.testing.assert_close(outs["fa_amd"], outs["eager"], atol=2e-4, rtol=1e-4)
+        for name, grad in grads["eager"].items():
+            torch.testing.assert_close(grads["fa_amd"][name], grad, atol=2e-4, rtol=1e-3)
+    with torch.no_grad():
+        cache = models["fa_amd"](input_ids=ids[:, :-1], use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="bidirectional mask .* only without a KV cache"):
+            models["fa_amd"](input_ids=ids[:, -1:], past_key_values=cache)
+
+
+def test_bidirectional_window_probe():
+    """The probe names a full or a symmetric window only; anything else (causal parts, an asymmetric or
+    batch-dependent pattern, a function that is not index-based) is refused."""
+    mu = pytest.importorskip("transformers.masking_utils")
+    probe = hf_attention._probed_bidirectional_window
+    args = (2, 11, 11, 0, 0, "cpu")
+    assert probe(mu.or_masks(mu.causal_mask_function, lambda *a: torch.tensor(True)), *args) == (-1, -1)
+    window = mu.sliding_window_causal_mask_function(4)
+    assert probe(mu.or_masks(window, lambda b, h, q, k: (q - k).abs() < 4), *args) == (3, 3)
+    assert probe(mu.or_masks(window, lambda b, h, q, k: (q - k).abs() < 40), *args) == (-1, -1)
+    assert probe(mu.or_masks(mu.causal_mask_function, lambda b, h, q, k: (q - k).abs() < 4), *args) is None
+    assert probe(mu.causal_mask_function, *args) is None
+    assert probe(mu.or_masks(mu.causal_mask_function, lambda b, h, q, k: k - q < 3), *args) is None
+    assert probe(lambda b, h, q, k: ((q - k).abs() < 3) | (b == 1), *args) is None
+    assert probe(lambda b, h, q, k: q.item() >= 0, *args) is None
+    assert probe(lambda b, h, q, k: k < 0, *args) is None
