@@ -45,6 +45,10 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dr
     dropout_p, scale, left, right, softcap = api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, (window_size_left, window_size_right), softcap, False,
         return_softmax, seqlen_k=max_seqlen_k if varlen else k.shape[1])
+    if return_softmax and dropout_p == 0.0:
+        # (flash-attn's C++ forward refuses it too; its public functions ask for S_dmask only with dropout)
+        raise ValueError("return_softmax=True needs dropout_p > 0 (as in flash-attn: S_dmask is the dropout "
+                         "pattern's probabilities); pass return_softmax=False to get out and softmax_lse")
     if varlen:
         api._check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q)
         api._check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q)

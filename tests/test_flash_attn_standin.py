@@ -303,3 +303,16 @@ def test_activations(fa, device):
     (grad,) = torch.autograd.grad(F.gelu(x, approximate="tanh"), x, g)
     torch.testing.assert_close(act.gelu_bwd(g, x.detach()), grad, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(act.sqrelu_fwd(x), F.relu(x) ** 2)
+
+
+def test_private_forward_return_softmax_needs_dropout(fa, device):
+    """flash-attn's C++ forward refuses return_softmax without dropout (audit 2026-11-29: the stand-in built the
+    probabilities anyway)."""
+    iface = fa("flash_attn.flash_attn_interface")
+    q, k, v = _qkv(device, sk=13)
+    with pytest.raises(ValueError, match="return_softmax=True needs dropout_p > 0"):
+        iface._flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, True)
+    qv, kv, vv = _qkv(device, sq=7, sk=7, varlen=True)
+    cu = torch.tensor([0, 7, 14], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="return_softmax=True needs dropout_p > 0"):
+        iface._flash_attn_varlen_forward(qv, kv, vv, cu, cu, 7, 7, 0.0, None, True, return_softmax=True)
