@@ -270,15 +270,15 @@ class EagerAttention(torch.autograd.Function):
 
 
 def packed_bounds_from_positions(position_ids: Tensor):
-    """(cu_seqlens int32, max_seqlen Python int) of packed sequences from position ids that restart at their
-    row's minimum, over the rows' tokens one after another: DataCollatorWithFlattening writes 0..n0-1, 0..n1-1,
-    ... into a row, and every occurrence of the row's minimum starts a sequence, as does each row's first token
-    (a row that opens mid-sequence, 3, 4, 0, 1, ..., still starts one there).  position_ids: (rows, length), or
-    1-D for one row.  A device->host sync: the Transformers glue memoizes it per forward, these ops run it
-    inside."""
+    """(cu_seqlens int32, max_seqlen Python int) of packed sequences from position ids, over the rows' tokens one
+    after another: a sequence starts at each row's first token and wherever a position is not its predecessor's
+    plus one -- Transformers' rule for packed masks (masking_utils.find_packed_sequence_indices), so a restart
+    (DataCollatorWithFlattening's 0..n0-1, 0..n1-1, ...) or a jump (0, 1, 2, 10, 11) opens one.  position_ids:
+    (rows, length), or 1-D for one row.  A device->host sync: the Transformers glue memoizes it per forward, these
+    ops run it inside."""
     rows = position_ids.reshape(-1, position_ids.shape[-1])
-    is_start = rows == rows.amin(-1, keepdim=True)
-    is_start[:, 0] = True
+    is_start = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
+    is_start[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
     starts = is_start.reshape(-1).nonzero().view(-1).to(torch.int32)
     cu = torch.cat([starts, torch.tensor([rows.numel()], dtype=torch.int32, device=rows.device)])
     return cu, int(cu.diff().max().item())

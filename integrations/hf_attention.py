@@ -306,21 +306,21 @@ cu_seqlens_from_position_ids = packed_bounds_from_positions
 
 
 def _is_packed(position_ids: Optional[torch.Tensor], batch_size: int) -> bool:
-    """True when a row holds several sequences (its positions are not one arange), with one position per token
-    of every row (Transformers' own (1, length) positions of an unpacked batch say nothing of the rows).
-    Eager and sdpa split packed rows at any batch size (audit 2026-11-28: fa_amd only at batch 1, so rows of a
-    larger batch attended across their sequences)."""
+    """True when a row holds several sequences: a position is not its predecessor's plus one somewhere (a restart
+    or a jump), Transformers' rule for packed masks (ops.packed_bounds_from_positions).  position_ids is (batch,
+    length) or (1, length), which then holds for every row, as eager expands it (audit 2026-11-29: fa_amd ignored
+    shared packed positions at batch > 1, and split at restarts to the row's minimum only, not at jumps).  Eager
+    and sdpa split packed rows at any batch size (audit 2026-11-28)."""
     if position_ids is None or position_ids.shape[-1] == 1 or position_ids.dim() != 2 \
-            or position_ids.shape[0] != batch_size:
-        return False
+            or position_ids.shape[0] not in (1, batch_size) or torch.compiler.is_compiling():
+        return False  # (traced: fa_amd_attention_forward's by-positions op reads (batch, length) positions)
     # every layer asks about the same position_ids: one device->host sync per forward
     return memo_per_tensor(position_ids, "is_packed", _positions_restart)
 
 
 def _positions_restart(position_ids: torch.Tensor) -> bool:
     rows = position_ids.reshape(-1, position_ids.shape[-1])
-    expected = torch.arange(rows.shape[-1], device=rows.device) + rows.amin(-1, keepdim=True)
-    return bool((expected != rows).any())
+    return bool((rows[:, 1:] - rows[:, :-1] != 1).any())
 
 
 def fa_amd_attention_forward(
@@ -470,13 +470,16 @@ def fa_amd_attention_forward(
         out = out.view(batch_size, -1, *out.shape[-2:])
     elif (torch.compiler.is_compiling() and position_ids is not None and position_ids.dim() == 2
           and position_ids.shape[0] == batch_size and position_ids.shape[-1] > 1 and key.shape[1] == query_length):
-        # traced: whether the positions restart is data (a graph break); the op reads it inside
+        # traced: whether the positions restart is data (a graph break); the op reads it inside.  ((1, length)
+        # positions at batch > 1 stay on the dense kernel here: that is how Transformers hands every unpacked
+        # batch its positions, and the op's read would cost each layer a sync)
         _check_packed_positions(position_ids, batch_size, query_length)
         out = _attention_by_positions(query, key, value, position_ids, common)
-    elif _is_packed(position_ids, batch_size):
-        _check_packed_positions(position_ids, batch_size, query_length)
+    elif key.shape[1] == query_length and _is_packed(position_ids, batch_size):
+        _check_packed_positions(position_ids.expand(batch_size, -1), batch_size, query_length)
         # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
-        cu_seqlens, max_seqlen = memo_per_tensor(position_ids, "packed_bounds", cu_seqlens_from_position_ids)
+        cu_seqlens, max_seqlen = memo_per_tensor(position_ids, ("packed_bounds", batch_size),
+                                                 lambda p: cu_seqlens_from_position_ids(p.expand(batch_size, -1)))
         out = flash_attn_varlen_func(
             query.reshape(-1, *query.shape[2:]),
             key.reshape(-1, *key.shape[2:]),

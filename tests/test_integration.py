@@ -546,3 +546,39 @@ def test_bidirectional_window_probe():
     assert probe(lambda b, h, q, k: ((q - k).abs() < 3) | (b == 1), *args) is None
     assert probe(lambda b, h, q, k: q.item() >= 0, *args) is None
     assert probe(lambda b, h, q, k: k < 0, *args) is None
+
+
+@pytest.mark.parametrize("layout", ["shared", "jumps"])
+def test_packed_positions_follow_eagers_rule(device, layout):
+    """Eager's packed masks (find_packed_sequence_indices) start a sequence wherever a position is not its
+    predecessor's plus one, and expand (1, length) positions over the batch.  Audit 2026-11-29: fa_amd ignored
+    shared (1, length) packed positions at batch 2 (every row attended across its sequences) and did not split at
+    jumps (0, 1, 2, 9, 10, ...: a restart to a value above the row's minimum)."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    models = {impl: LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
+              for impl in ("eager", "fa_amd")}
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    ids = torch.randint(0, 128, (2, 12), device=device)
+    if layout == "shared":
+        positions = torch.tensor([list(range(5)) + list(range(7))], device=device)
+    else:
+        positions = torch.tensor([[0, 1, 2, 9, 10, 11, 12, 3, 4, 5, 6, 7], list(range(4)) + list(range(20, 28))],
+                                 device=device)
+    logits, grads = {}, {}
+    for impl, model in models.items():
+        out = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        out.square().mean().backward()
+        logits[impl] = out
+        grads[impl] = {name: p.grad for name, p in model.named_parameters()}
+    torch.testing.assert_close(logits["fa_amd"], logits["eager"], atol=1e-5, rtol=1e-4)
+    for name, grad in grads["eager"].items():
+        torch.testing.assert_close(grads["fa_amd"][name], grad, atol=1e-5, rtol=1e-4)
+    cu, longest = cu_seqlens_from_position_ids(positions.expand(2, -1))
+    expected = {"shared": ([0, 5, 12, 17, 24], 7), "jumps": ([0, 3, 7, 12, 16, 24], 8)}[layout]
+    assert (cu.tolist(), longest) == expected
