@@ -582,3 +582,31 @@ def test_packed_positions_follow_eagers_rule(device, layout):
     cu, longest = cu_seqlens_from_position_ids(positions.expand(2, -1))
     expected = {"shared": ([0, 5, 12, 17, 24], 7), "jumps": ([0, 3, 7, 12, 16, 24], 8)}[layout]
     assert (cu.tolist(), longest) == expected
+
+
+def test_bidirectional_or_mask_model_under_torch_compile(device):
+    """Traced, the mask builder does not probe (no memo either): Gemma 3's modules are non-causal with the same
+    window, so the compiled model matches eager too (fullgraph, padded and unpadded)."""
+    import copy
+
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=9,
+                              use_bidirectional_attention=True, max_position_embeddings=64,
+                              layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    models = {impl: Gemma3TextModel._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
+              for impl in ("eager", "fa_amd")}
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    compiled = torch.compile(models["fa_amd"], backend="aot_eager", fullgraph=True)
+    ids = torch.randint(0, 97, (2, 13), device=device)
+    padded = torch.ones(2, 13, dtype=torch.long, device=device)
+    padded[1, :4] = 0
+    with torch.no_grad():
+        for mask in (None, padded):
+            keep = torch.ones(2, 13, dtype=torch.bool, device=device) if mask is None else mask.bool()
+            ref = models["eager"](input_ids=ids, attention_mask=mask).last_hidden_state
+            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(got[keep], ref[keep], atol=2e-4, rtol=1e-4)
+    torch._dynamo.reset()
