@@ -23,7 +23,7 @@ or ``None``; it never builds an O(s^2) 4D mask.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -219,7 +219,10 @@ def check_padding_mask(attention_mask: Optional[torch.Tensor], batch_size: int,
     if key_length is not None and attention_mask.shape[1] > key_length:
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}: {attention_mask.shape[1]} key positions for "
-            f"{key_length} tokens (cached + input); a 2D attention_mask must be (batch, key length)")
+            f"{key_length} tokens (cached + input); a 2D attention_mask must be (batch, key length). (In "
+            f"generate() this means Transformers sized the mask from a cache layer holding fewer tokens than the "
+            f"mask covers: a hybrid model whose first layer keeps no KV cache, e.g. MiniMax's linear attention; "
+            f"use attn_implementation='sdpa' or 'eager' to generate with padding there)")
 
 
 def _segments(mask: torch.Tensor):
@@ -413,12 +416,15 @@ def fa_amd_attention_forward(
 
     causal = _is_causal(module, is_causal)
     window_size = sliding_window_to_window_size(sliding_window, causal, key.shape[1])
-    bidirectional = memo_lookup(attention_mask, _BIDIRECTIONAL_MASK) if attention_mask is not None else None
-    if bidirectional is not None:
-        # the model's mask is bidirectional (fa_amd_attention_mask probed it): it decides, as in eager
-        (causal, window_size), all_kept = (False, bidirectional[0]), bidirectional[1]
+    tagged = memo_lookup(attention_mask, _MASK_SPEC) if attention_mask is not None else None
+    packed_ids = None
+    if tagged is not None:
+        # what the model's mask function says (fa_amd_attention_mask read it): it decides, as in eager
+        (mask_causal, mask_window, packed_ids), all_kept = tagged
+        causal = causal if mask_causal is None else mask_causal
+        window_size = mask_window if mask_window is not None else (-1, -1)
         if all_kept:
-            attention_mask = None  # nothing padded: the dense kernel
+            attention_mask = None  # nothing padded: the dense kernel (or the packed sequences)
     # Dropout only while training, exactly like eager's F.dropout(training=module.training).
     dropout_p = float(dropout) if getattr(module, "training", False) else 0.0
     common = dict(
@@ -475,11 +481,16 @@ def fa_amd_attention_forward(
         # batch its positions, and the op's read would cost each layer a sync)
         _check_packed_positions(position_ids, batch_size, query_length)
         out = _attention_by_positions(query, key, value, position_ids, common)
-    elif key.shape[1] == query_length and _is_packed(position_ids, batch_size):
-        _check_packed_positions(position_ids.expand(batch_size, -1), batch_size, query_length)
-        # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
-        cu_seqlens, max_seqlen = memo_per_tensor(position_ids, ("packed_bounds", batch_size),
-                                                 lambda p: cu_seqlens_from_position_ids(p.expand(batch_size, -1)))
+    elif packed_ids is not None or (key.shape[1] == query_length and _is_packed(position_ids, batch_size)):
+        if packed_ids is not None:  # the mask's packed sequences (their position_ids may not reach this call)
+            cu_seqlens, max_seqlen = memo_per_tensor(packed_ids, ("packed_ids_bounds", batch_size),
+                                                     lambda ids: _bounds_from_sequence_ids(ids, batch_size))
+        else:
+            _check_packed_positions(position_ids.expand(batch_size, -1), batch_size, query_length)
+            # same position_ids in every layer: find the boundaries (a device->host sync) once per forward
+            cu_seqlens, max_seqlen = memo_per_tensor(
+                position_ids, ("packed_bounds", batch_size),
+                lambda p: cu_seqlens_from_position_ids(p.expand(batch_size, -1)))
         out = flash_attn_varlen_func(
             query.reshape(-1, *query.shape[2:]),
             key.reshape(-1, *key.shape[2:]),
@@ -499,6 +510,17 @@ def fa_amd_attention_forward(
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]
     return out, None
+
+
+def _bounds_from_sequence_ids(ids: torch.Tensor, batch_size: int):
+    """(cu_seqlens, max_seqlen) of Transformers' packed-sequence ids (batch, length): a sequence starts at each row's
+    first token and wherever the id changes."""
+    rows = ids.expand(batch_size, -1)
+    is_start = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
+    is_start[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    starts = is_start.reshape(-1).nonzero().view(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([rows.numel()], dtype=torch.int32, device=rows.device)])
+    return cu, int(cu.diff().max().item())
 
 
 def _check_packed_positions(position_ids: torch.Tensor, batch_size: int, query_length: int) -> None:
@@ -777,9 +799,9 @@ def _mask_part_not_computed(mask_function, depth: int = 0) -> Optional[str]:
     return None
 
 
-# memo tag of the keep-masks fa_amd_attention_mask builds for a model mask that is bidirectional (probed):
-# ((left, right) window in flash terms, every key kept)
-_BIDIRECTIONAL_MASK = "fa_amd_bidirectional_mask"
+# memo tag of the keep-masks fa_amd_attention_mask builds for calls without cached tokens whose mask function
+# says more than padding: ((causal, window, packed ids), every key kept) (_tagged_keep_mask)
+_MASK_SPEC = "fa_amd_mask_spec"
 # a probe evaluates the model's mask function over at most this many (batch, query, key) points at a time
 _PROBE_CHUNK = 1 << 24
 
@@ -822,22 +844,87 @@ def _probed_bidirectional_window(mask_function, batch_size, q_length, kv_length,
     return (widest, widest)
 
 
-def _bidirectional_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, window, device):
-    """The keep-mask of a bidirectional model mask (_probed_bidirectional_window), tagged with its window: the
-    attention then runs non-causal over it, whatever the module's is_causal says (the mask decides, as in eager).
-    Only without a cache: the kernels' windows are aligned at the last query and key."""
-    if not (q_offset == 0 and kv_offset == 0 and kv_length == q_length):
-        raise ValueError(
-            "fa_amd computes this model's bidirectional mask (its or_mask_function) only without a KV cache "
-            f"(got {q_length} queries at offset {q_offset} over {kv_length} keys at offset {kv_offset}); use "
-            "attn_implementation='sdpa' or 'eager' to run it over a cache")
+def _mask_parts(mask_function, depth: int = 0):
+    """Every callable piece of a Transformers mask function, the function itself first, walked through the
+    closures of its wrappers (and_masks' tuple, remap / offset wrappers)."""
+    yield mask_function
+    if depth > 16:
+        return
+    for cell in getattr(mask_function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        for part in value if isinstance(value, (tuple, list)) else (value,):
+            if callable(part) and not isinstance(part, (torch.Tensor, type)):
+                yield from _mask_parts(part, depth + 1)
+
+
+def _overlay_reach(overlay) -> Optional[Tuple[int, int]]:
+    """(left, right): how many positions before and after a query a window overlay of Transformers keeps (-1: no
+    bound), found by bisection on index tensors (the overlays compare position differences with W; whether
+    inclusively is the Transformers version's business, so it is measured, not assumed).  None for an overlay
+    that drops the query's own position (Qwen2-MoE builds a window-0 mask that no layer uses)."""
+    far = 1 << 40
+    query = torch.tensor(far + 1)
+
+    def kept(delta):
+        return bool(overlay(0, 0, query, query + delta))
+
+    if not kept(0):
+        return None
+    reach = []
+    for sign in (-1, 1):
+        if kept(sign * far):
+            reach.append(-1)
+            continue
+        low, high = 0, far  # kept(sign * low) holds (distance 0 is kept), kept(sign * high) does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if kept(sign * mid) else (low, mid)
+        reach.append(low)
+    return reach[0], reach[1]
+
+
+def _mask_function_spec(mask_function):
+    """What the known pieces of a Transformers mask function (_MASK_PARTS_COMPUTED) say beyond padding: (causal:
+    True / False / None where neither piece is there, flash (left, right) window or None, the packed-sequence ids
+    (batch, length) or None); None where a window cannot be read (the keep-mask then goes untagged)."""
+    causal, window, packed = None, None, None
+    for part in _mask_parts(mask_function):
+        name = getattr(part, "__qualname__", "")
+        if name == "causal_mask_function":
+            causal = True
+        elif name == "bidirectional_mask_function":
+            causal = False
+        elif name.startswith(("sliding_window_overlay.", "sliding_window_bidirectional_overlay.")):
+            reach = _overlay_reach(part)
+            if reach is None:
+                return None
+            left, right = reach
+            window = (left, right) if window is None else tuple(
+                b if a < 0 else a if b < 0 else min(a, b) for a, b in zip(window, (left, right)))
+        elif name.startswith("packed_sequence_mask_function."):
+            packed = next(cell.cell_contents for cell in part.__closure__
+                          if isinstance(cell.cell_contents, torch.Tensor))
+    return causal, window, packed
+
+
+def _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, spec, device):
+    """The keep-mask of a call without cached tokens, tagged (memo) with what the model's mask function says:
+    spec = (causal or None, flash window or None, packed-sequence ids or None).  The attention then follows it
+    (the mask decides, as in eager), whatever the module passes or lacks: a window only in the mask (PhiMoE),
+    an inclusive bidirectional window (T5Gemma's encoder, Gemma 4), a bidirectional one opened by an
+    or_mask_function (Gemma 3 / EmbeddingGemma), packed sequences whose position_ids never reach the attention
+    (Persimmon, GPTBigCode).  Every key kept: the attention takes the dense kernel, as for None."""
     check_padding_mask(attention_mask, batch_size, q_length, kv_length)
     if attention_mask is None:
         keep = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
+        all_kept = True
     else:
         keep = attention_mask != 0  # a new tensor: the caller's mask never carries the tag
-    all_kept = bool(keep.all())
-    memo_per_tensor(keep, _BIDIRECTIONAL_MASK, lambda _: (window, all_kept))
+        all_kept = bool(keep.all())
+    memo_per_tensor(keep, _MASK_SPEC, lambda _: (spec, all_kept))
     return keep
 
 
@@ -861,22 +948,39 @@ def fa_amd_attention_mask(
     the queries' end plus one (_query_ends), else bool.  None (the dense path) when nothing is masked; under
     ``torch.compile`` that is decided from shapes only (no ``mask.all()``: no sync, no graph
     break), so a compiled padded batch always gets its mask.
+
+    A call without cached tokens (training, a prefill, an encoder) gets a bool keep-mask tagged with what the
+    mask function says beyond padding -- causality, a window, packed sequences (_tagged_keep_mask) -- and the
+    attention follows it, as eager follows its mask.  Not under ``torch.compile``: there the module's arguments
+    decide.
     """
     if mask_function is not None and not torch.compiler.is_compiling():
+        fresh = (isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
+                 and kv_length == q_length)  # no cached tokens: training, a prefill, an encoder
+        device = kwargs.get("device", "cpu")
         unsupported = _mask_part_not_computed(mask_function)
         if unsupported:
             # (e.g. Gemma3 / EmbeddingGemma with use_bidirectional_attention: an or_mask_function that opens the
             # causal mask into a full or a symmetric sliding-window one, which the kernels compute)
             window = _probed_bidirectional_window(mask_function, batch_size, q_length, kv_length, q_offset,
-                                                  kv_offset, kwargs.get("device", "cpu"))
+                                                  kv_offset, device)
             if window is None:
                 raise ValueError(
                     f"fa_amd computes causal, bidirectional, sliding-window, padding and packed-sequence masks only; "
                     f"this model's mask adds another pattern ({unsupported}: e.g. chunked attention, bidirectional "
                     f"image-token blocks, or a custom or_mask_function / and_mask_function), which fa_amd would "
                     f"silently drop. Use attn_implementation='sdpa' or 'eager' for this model.")
-            return _bidirectional_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
-                                            window, kwargs.get("device", "cpu"))
+            if not fresh:
+                raise ValueError(
+                    "fa_amd computes this model's bidirectional mask (its or_mask_function) only without a KV cache "
+                    f"(got {q_length} queries at offset {q_offset} over {kv_length} keys at offset {kv_offset}); "
+                    "use attn_implementation='sdpa' or 'eager' to run it over a cache")
+            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
+                                     (False, window, None), device)
+        spec = _mask_function_spec(mask_function)
+        if fresh and spec is not None:
+            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, spec,
+                                     device)
     # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
     # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs
