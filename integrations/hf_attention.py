@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from fa_amd.kernels.decode import filed_plan, grown_plan, run_filed_plan
+from fa_amd.interface import MAX_HEAD_DIM
 from fa_amd.memo import memo_lookup, memo_per_tensor
 from fa_amd.ops import packed_bounds_from_positions
 
@@ -382,6 +383,11 @@ def fa_amd_attention_forward(
             raise ValueError(f"{name} must be a 4D (batch, heads, seq, head_dim) tensor, got {getattr(t, 'shape', t)}")
         if 0 in t.shape:
             raise ValueError(f"{name} has a zero-sized dimension {tuple(t.shape)}; fa_amd needs non-empty inputs")
+    if query.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(
+            f"this model's attention layer {getattr(module, 'layer_idx', '')} has head dim {query.shape[-1]}; fa_amd's "
+            f"kernels take head dims up to {MAX_HEAD_DIM}, as flash-attn's do (e.g. Gemma 4's global layers use "
+            f"512): use attn_implementation='sdpa' for this model")
     if not query.shape[0] == key.shape[0] == value.shape[0]:
         # the model's rotary broadcasts q and k over the batch of position_ids; v keeps the input's
         if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.shape[0] != value.shape[0]:

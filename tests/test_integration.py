@@ -610,3 +610,12 @@ def test_bidirectional_or_mask_model_under_torch_compile(device):
             got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
             torch.testing.assert_close(got[keep], ref[keep], atol=2e-4, rtol=1e-4)
     torch._dynamo.reset()
+
+
+def test_head_dim_past_the_kernels_names_the_way_out():
+    """Gemma 4's global layers use head dim 512, past every flash kernel's 256: the HF call says so and points to
+    sdpa (the kernels' own message named only the range)."""
+    q = torch.randn(1, 2, 5, 512)
+    k = v = torch.randn(1, 1, 5, 512)
+    with pytest.raises(ValueError, match="head dim 512.*up to 256.*attn_implementation='sdpa'"):
+        fa_amd_attention_forward(FakeAttentionModule(), q, k, v, None)
