@@ -987,6 +987,20 @@ def fa_amd_attention_mask(
         if fresh and spec is not None:
             return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, spec,
                                      device)
+        if spec is not None and spec[1] is not None and isinstance(q_length, int) and q_length > 1:
+            # several new tokens over a cache (chunked prefill, assisted decoding) under a window: it reaches the
+            # attention also where the module does not pass it (PhiMoE).  (One-token steps keep their untagged
+            # None, the filed decode plans' path: there the sliding cache layers hold only the window's keys.)
+            keep = _padding_keep_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, kwargs)
+            all_kept = keep is None
+            keep = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device) if all_kept else keep.clone()
+            memo_per_tensor(keep, _MASK_SPEC, lambda _: ((None, spec[1], None), all_kept))
+            return keep
+    return _padding_keep_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, kwargs)
+
+
+def _padding_keep_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, kwargs):
+    """fa_amd_attention_mask's keep-mask from the padding mask and the cache's fill (see its docstring), or None."""
     # Only causal (decoder self-attention) masks can face a cache; a bidirectional call with more keys
     # than queries is cross-attention, whose keys are all filled.
     building_causal = "allow_is_bidirectional_skip" not in kwargs

@@ -165,3 +165,22 @@ def test_generate_with_sliding_and_global_layers_matches_eager(device):
     assert torch.equal(out["fa_amd"].sequences, out["eager"].sequences)
     for got, ref in zip(out["fa_amd"].logits, out["eager"].logits):
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_window_only_in_the_mask_over_a_cache(device):
+    """Several new tokens over a sliding cache (a chunked prefill; assisted decoding verifies candidates the same
+    way): PhiMoE's window reaches the attention from the mask there too (the gen sweep of 2026-11-29 found every
+    cached key attended).  One-token steps stay untagged: the sliding cache holds only the window's keys."""
+    config = transformers.PhimoeConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)
+    models = _pair(transformers.PhimoeForCausalLM, config, device)
+    ids = torch.randint(3, 128, (1, 24), device=device)
+    logits = {}
+    with torch.no_grad():
+        for impl, model in models.items():
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=ids[:, :12], past_key_values=cache, use_cache=True)
+            chunk = model(input_ids=ids[:, 12:], past_key_values=cache, use_cache=True).logits
+            step = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits
+            logits[impl] = (chunk, step)
+    for got, ref in zip(logits["fa_amd"], logits["eager"]):
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
