@@ -24,16 +24,22 @@ _MAX_ENTRIES = 256
 _entries: Dict[Tuple[int, Hashable], Tuple[weakref.ref, int, Any, Any]] = {}
 
 
+def _hit(tensor: torch.Tensor, tag: Hashable):
+    """The live entry for this tensor at its current version under `tag` (a 1-tuple of its value), or None."""
+    hit = _entries.get((id(tensor), tag))
+    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version and (
+            hit[3] is None or torch.equal(hit[3], tensor)):
+        return (hit[2],)
+    return None
+
+
 def memo_lookup(tensor: torch.Tensor, tag: Hashable) -> Any:
     """What memo_per_tensor remembered for this tensor at its current version under `tag`, or None (nothing is
     computed or stored)."""
     if torch.compiler.is_compiling():
         return None
-    hit = _entries.get((id(tensor), tag))
-    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version and (
-            hit[3] is None or torch.equal(hit[3], tensor)):
-        return hit[2]
-    return None
+    hit = _hit(tensor, tag)
+    return None if hit is None else hit[0]
 
 
 def memo_per_tensor(tensor: torch.Tensor, tag: Hashable, compute: Callable[[torch.Tensor], Any]) -> Any:
@@ -41,10 +47,9 @@ def memo_per_tensor(tensor: torch.Tensor, tag: Hashable, compute: Callable[[torc
     if torch.compiler.is_compiling():
         return compute(tensor)
     key = (id(tensor), tag)
-    hit = _entries.get(key)
-    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version and (
-            hit[3] is None or torch.equal(hit[3], tensor)):
-        return hit[2]
+    hit = _hit(tensor, tag)
+    if hit is not None:
+        return hit[0]
     value = compute(tensor)
     if len(_entries) >= _MAX_ENTRIES:
         _entries.clear()

@@ -277,10 +277,17 @@ def packed_bounds_from_positions(position_ids: Tensor):
     (rows, length), or 1-D for one row.  A device->host sync: the Transformers glue memoizes it per forward, these
     ops run it inside."""
     rows = position_ids.reshape(-1, position_ids.shape[-1])
-    is_start = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
-    is_start[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
+    return packed_bounds_from_starts(rows[:, 1:] - rows[:, :-1] != 1)
+
+
+def packed_bounds_from_starts(opens: Tensor):
+    """(cu_seqlens int32, max_seqlen Python int) of the sequences in rows of tokens laid one after another, where
+    opens (rows, length - 1) marks each token after a row's first that starts a sequence (every row's first token
+    does).  A device->host sync."""
+    is_start = torch.ones(opens.shape[0], opens.shape[1] + 1, dtype=torch.bool, device=opens.device)
+    is_start[:, 1:] = opens
     starts = is_start.reshape(-1).nonzero().view(-1).to(torch.int32)
-    cu = torch.cat([starts, torch.tensor([rows.numel()], dtype=torch.int32, device=rows.device)])
+    cu = torch.cat([starts, torch.tensor([is_start.numel()], dtype=torch.int32, device=opens.device)])
     return cu, int(cu.diff().max().item())
 
 

@@ -30,7 +30,7 @@ import torch
 from fa_amd.kernels.decode import filed_plan, grown_plan, run_filed_plan
 from fa_amd.interface import MAX_HEAD_DIM
 from fa_amd.memo import memo_lookup, memo_per_tensor
-from fa_amd.ops import packed_bounds_from_positions
+from fa_amd.ops import packed_bounds_from_positions, packed_bounds_from_starts
 
 logger = logging.getLogger(__name__)
 
@@ -522,11 +522,7 @@ def _bounds_from_sequence_ids(ids: torch.Tensor, batch_size: int):
     """(cu_seqlens, max_seqlen) of Transformers' packed-sequence ids (batch, length): a sequence starts at each row's
     first token and wherever the id changes."""
     rows = ids.expand(batch_size, -1)
-    is_start = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
-    is_start[:, 1:] = rows[:, 1:] != rows[:, :-1]
-    starts = is_start.reshape(-1).nonzero().view(-1).to(torch.int32)
-    cu = torch.cat([starts, torch.tensor([rows.numel()], dtype=torch.int32, device=rows.device)])
-    return cu, int(cu.diff().max().item())
+    return packed_bounds_from_starts(rows[:, 1:] != rows[:, :-1])
 
 
 def _check_packed_positions(position_ids: torch.Tensor, batch_size: int, query_length: int) -> None:
@@ -785,23 +781,14 @@ _MASK_PARTS_COMPUTED = ("causal_mask_function", "bidirectional_mask_function", "
                         "add_offsets_to_mask_function.")
 
 
-def _mask_part_not_computed(mask_function, depth: int = 0) -> Optional[str]:
+def _mask_part_not_computed(mask_function) -> Optional[str]:
     """The name of the first piece of a Transformers mask function (walked through the closures of its
-    wrappers) that fa_amd does not compute, or None."""
-    module = getattr(mask_function, "__module__", None) or ""
-    name = getattr(mask_function, "__qualname__", None) or type(mask_function).__name__
-    if module != "transformers.masking_utils" or not name.startswith(_MASK_PARTS_COMPUTED) or depth > 16:
-        return f"{module}.{name}" if module else name
-    for cell in getattr(mask_function, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        for part in value if isinstance(value, (tuple, list)) else (value,):
-            if callable(part) and not isinstance(part, (torch.Tensor, type)):
-                unsupported = _mask_part_not_computed(part, depth + 1)
-                if unsupported:
-                    return unsupported
+    wrappers: _mask_parts) that fa_amd does not compute, or None."""
+    for part, depth in _mask_parts(mask_function):
+        module = getattr(part, "__module__", None) or ""
+        name = getattr(part, "__qualname__", None) or type(part).__name__
+        if module != "transformers.masking_utils" or not name.startswith(_MASK_PARTS_COMPUTED) or depth > 16:
+            return f"{module}.{name}" if module else name
     return None
 
 
@@ -851,9 +838,10 @@ def _probed_bidirectional_window(mask_function, batch_size, q_length, kv_length,
 
 
 def _mask_parts(mask_function, depth: int = 0):
-    """Every callable piece of a Transformers mask function, the function itself first, walked through the
-    closures of its wrappers (and_masks' tuple, remap / offset wrappers)."""
-    yield mask_function
+    """(piece, depth) for every callable piece of a Transformers mask function, the function itself first,
+    walked through the closures of its wrappers (and_masks' tuple, remap / offset wrappers); nothing below
+    depth 17."""
+    yield mask_function, depth
     if depth > 16:
         return
     for cell in getattr(mask_function, "__closure__", None) or ():
@@ -897,7 +885,7 @@ def _mask_function_spec(mask_function):
     True / False / None where neither piece is there, flash (left, right) window or None, the packed-sequence ids
     (batch, length) or None); None where a window cannot be read (the keep-mask then goes untagged)."""
     causal, window, packed = None, None, None
-    for part in _mask_parts(mask_function):
+    for part, _ in _mask_parts(mask_function):
         name = getattr(part, "__qualname__", "")
         if name == "causal_mask_function":
             causal = True
@@ -924,12 +912,14 @@ def _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset,
     or_mask_function (Gemma 3 / EmbeddingGemma), packed sequences whose position_ids never reach the attention
     (Persimmon, GPTBigCode).  Every key kept: the attention takes the dense kernel, as for None."""
     check_padding_mask(attention_mask, batch_size, q_length, kv_length)
-    if attention_mask is None:
+    keep = None if attention_mask is None else attention_mask != 0  # (a new tensor: the caller's never is tagged)
+    return _tag(keep, keep is None or bool(keep.all()), batch_size, kv_length, spec, device)
+
+
+def _tag(keep, all_kept, batch_size, kv_length, spec, device):
+    """keep (a tensor of fa_amd's own, or None: every key kept) tagged with spec and whether every key is kept."""
+    if keep is None:
         keep = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
-        all_kept = True
-    else:
-        keep = attention_mask != 0  # a new tensor: the caller's mask never carries the tag
-        all_kept = bool(keep.all())
     memo_per_tensor(keep, _MASK_SPEC, lambda _: (spec, all_kept))
     return keep
 
@@ -992,10 +982,9 @@ def fa_amd_attention_mask(
             # attention also where the module does not pass it (PhiMoE).  (One-token steps keep their untagged
             # None, the filed decode plans' path: there the sliding cache layers hold only the window's keys.)
             keep = _padding_keep_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, kwargs)
-            all_kept = keep is None
-            keep = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device) if all_kept else keep.clone()
-            memo_per_tensor(keep, _MASK_SPEC, lambda _: ((None, spec[1], None), all_kept))
-            return keep
+            # (a copy: the padding path may hand back the caller's own mask)
+            return _tag(None if keep is None else keep.clone(), keep is None, batch_size, kv_length,
+                        (None, spec[1], None), device)
     return _padding_keep_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, kwargs)
 
 

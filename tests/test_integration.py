@@ -40,6 +40,17 @@ def _qkv(b=2, hq=4, hk=2, sq=9, sk=9, d=16, dtype=torch.float32, device="cpu"):
     return q, k, v
 
 
+def _eager_and_fa_amd(model_class, config, device):
+    """One random model (seed 0) as eager and as fa_amd, the same weights, each from its own copy of config."""
+    import copy
+
+    torch.manual_seed(0)
+    models = {impl: model_class._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
+              for impl in ("eager", "fa_amd")}
+    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    return models
+
+
 # --------------------------------------------------------------------------- registration
 
 
@@ -456,16 +467,11 @@ def test_rows_packed_by_position_ids_at_batch_2_match_eager(device, compiled):
     use_cache=False): fa_amd splits every row's sequences as eager does -- loss and gradients (audit
     2026-11-28: only batch-1 rows were split, so these attended across their sequences, gradients off by up to
     160 %); under torch.compile the by-positions op reads the rows' boundaries inside."""
-    import copy
-
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    models = {impl: LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
-              for impl in ("eager", "fa_amd")}
-    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    models = _eager_and_fa_amd(LlamaForCausalLM, config, device)
     ids = torch.randint(0, 128, (2, 12), device=device)
     positions = torch.tensor([list(range(5)) + list(range(7)), list(range(8)) + list(range(4))], device=device)
     labels = ids.clone()
@@ -491,8 +497,6 @@ def test_bidirectional_or_mask_models_match_eager(device, module_causal):
     that pattern (audit 2026-11-29: the mask builder refused the model).  The mask decides, as in eager: with the
     modules' is_causal forced on (Step3p7's text model sets it while its masks are bidirectional) the result is
     the same.  Padded and unpadded, loss-free outputs and gradients against eager; a cache is refused clearly."""
-    import copy
-
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
     config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -500,10 +504,7 @@ def test_bidirectional_or_mask_models_match_eager(device, module_causal):
                               use_bidirectional_attention=True, max_position_embeddings=64,
                               layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     assert config.sliding_window == 5  # (halved by the config: 13 tokens see a window on the sliding layers)
-    torch.manual_seed(0)
-    models = {impl: Gemma3TextModel._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
-              for impl in ("eager", "fa_amd")}
-    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    models = _eager_and_fa_amd(Gemma3TextModel, config, device)
     if module_causal:
         for model in models.values():
             for layer in model.layers:
@@ -554,16 +555,11 @@ def test_packed_positions_follow_eagers_rule(device, layout):
     predecessor's plus one, and expand (1, length) positions over the batch.  Audit 2026-11-29: fa_amd ignored
     shared (1, length) packed positions at batch 2 (every row attended across its sequences) and did not split at
     jumps (0, 1, 2, 9, 10, ...: a restart to a value above the row's minimum)."""
-    import copy
-
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    models = {impl: LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
-              for impl in ("eager", "fa_amd")}
-    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    models = _eager_and_fa_amd(LlamaForCausalLM, config, device)
     ids = torch.randint(0, 128, (2, 12), device=device)
     if layout == "shared":
         positions = torch.tensor([list(range(5)) + list(range(7))], device=device)
@@ -587,18 +583,13 @@ def test_packed_positions_follow_eagers_rule(device, layout):
 def test_bidirectional_or_mask_model_under_torch_compile(device):
     """Traced, the mask builder does not probe (no memo either): Gemma 3's modules are non-causal with the same
     window, so the compiled model matches eager too (fullgraph, padded and unpadded)."""
-    import copy
-
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
     config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=9,
                               use_bidirectional_attention=True, max_position_embeddings=64,
                               layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    models = {impl: Gemma3TextModel._from_config(copy.deepcopy(config), attn_implementation=impl).to(device)
-              for impl in ("eager", "fa_amd")}
-    models["fa_amd"].load_state_dict(models["eager"].state_dict())
+    models = _eager_and_fa_amd(Gemma3TextModel, config, device)
     compiled = torch.compile(models["fa_amd"], backend="aot_eager", fullgraph=True)
     ids = torch.randint(0, 97, (2, 13), device=device)
     padded = torch.ones(2, 13, dtype=torch.long, device=device)
