@@ -17,8 +17,9 @@ def div_small(x, d):
     """x // d for 0 <= x < 2**22 and 1 <= d < 2**22 (the caller guarantees it): an fp32 quotient, within one of
     the true one there, and one correction step.  About a dozen instructions where Triton's exact integer
     division by a runtime value takes ~40 in a serial chain (sm90 SASS): the program-id arithmetic at the start of
-    every program of the short launches (TUNING_NOTES v34)."""
-    q = (x.to(tl.float32) / d.to(tl.float32)).to(tl.int32)
+    every program of the short launches (TUNING_NOTES v34).  x and d may be constexprs (Triton specializes an int
+    argument equal to 1), hence tl.cast rather than .to()."""
+    q = tl.cast(tl.cast(x, tl.float32) / tl.cast(d, tl.float32), tl.int32)
     r = x - q * d
     return tl.where(r < 0, q - 1, tl.where(r >= d, q + 1, q))
 

@@ -34,8 +34,8 @@ from ..arch import arch_for
 from ..tuning import family_of, get_fwd_config, head_dim_chunks, is_short, memo_get, memo_put, nan_flags_config, \
     grouped_order, program_group, table_rows
 from ..tuning import tables
-from .blocks import dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, store_cols_t, whole_blocks, \
-    zero_rows
+from .blocks import div_small, dot_rows_nt, grouped_program_ids, in_loop, key_ranges, load_cols_t, store_cols_t, \
+    whole_blocks, zero_rows
 from .launch import (
     LaunchPlan, alias_pattern, current_stream, descale_args, even_qk, grid_blocks, head_dim_padded, head_scan_grid,
     jit_launch, kept_zeros, kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
@@ -185,7 +185,7 @@ def attn_fwd_kernel(
     if m0 >= q_len:
         return
     diag = k_len - q_len
-    hk = h // GROUP
+    hk = div_small(h, GROUP)  # (heads < 2**16: MAX_GRID_YZ)
     b64 = b.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -207,7 +207,8 @@ def attn_fwd_kernel(
             # zeros): masked tiles read whole rows up to the row stride, so their loads stay 16-byte
             # vectors and the tile goes to shared memory by cp.async like the unmasked ones (its
             # P columns past k_len are 0).  Head-dim-major V has stride_vd == 1: v_len is k_len.
-            v_len = (k_len + stride_vd - 1) // stride_vd * stride_vd
+            # (a select, not k_len rounded up to a multiple of stride_vd: no runtime division in the prologue)
+            v_len = tl.where(stride_vd >= k_len, tl.where(k_len > 0, stride_vd, 0), k_len)
 
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
@@ -215,9 +216,9 @@ def attn_fwd_kernel(
     if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
         # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
         # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program
-        _v_nan_mark(NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * D_ROW, V_head,
-                    pid_m * GROUP + h % GROUP, tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn, stride_vd, offs_n,
-                    tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
+        _v_nan_mark(NanFlags + (b * div_small(tl.num_programs(1), GROUP) + hk).to(tl.int64) * D_ROW, V_head,
+                    pid_m * GROUP + (h - hk * GROUP), tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn, stride_vd,
+                    offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
     if RELOAD_CHUNK:
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
@@ -287,7 +288,7 @@ def attn_fwd_kernel(
         # feature d of any value of this sequence makes feature d of every row NaN, also of rows
         # whose masks skip its block (NanFlags: one pass over V; only masked launches pay for it;
         # NAN_FIXUP marks them in this kernel and v_nan_fixup_kernel writes them after it instead)
-        flag_head = NanFlags + (b * (tl.num_programs(1) // GROUP) + hk).to(tl.int64) * nan_splits * D_ROW
+        flag_head = NanFlags + (b * div_small(tl.num_programs(1), GROUP) + hk).to(tl.int64) * nan_splits * D_ROW
         out = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_d, D_ROW, D_PAD)[None, :] != 0, float("nan"), out)
         if D_HI:
             out_hi = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_dh, D_ROW, D_HI)[None, :] != 0, float("nan"),
@@ -461,7 +462,7 @@ def attn_probs_kernel(
     if m0 >= q_len:
         return
     diag = k_len - q_len
-    hk = h // GROUP
+    hk = div_small(h, GROUP)  # (heads < 2**16: MAX_GRID_YZ)
     b64 = b.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
