@@ -36,21 +36,27 @@ forward), fa_amd::quantize_fp8 and fa_amd::fp8_token_major_copy (quantize_fp8 an
 called in traced code).  The tracer cannot run a Triton launch itself.
 
 Backward of the quantising functions: the gradients with respect to the high-precision
-inputs are computed by the existing backward kernels, in the inputs' precision, from the
-saved high-precision q, k, v -- each put through the arch's FP8 type and back first
-(fp8_round_trip: the same per-(sequence, head) scale, so exactly the values the FP8 forward
-used) -- and the FP8 forward's out and lse.  This is the straight-through rule of FP8
-training (the rounding's own derivative taken as the identity): the gradients of the
-computation the forward did, handed to the inputs the user holds.  Why not the saved inputs
-themselves: P is rebuilt as exp(S - lse) with the FP8 forward's lse, which only matches S of
-the quantised q and k; with S of the unquantised ones the rows of P stop summing to 1, an
-error that grows with the scores' spread (dq off by 80 % of its largest entry at logits of
-std ~4, against 30 % for this rule; at unit scale 1.4-2x its error).  Cost: one amax and
-one cast pass over each of q, k, v in the backward (no FP8 copy is kept from the forward):
-on an H100 0.30 ms of flash_attn_fp8_func's 2.70 ms forward+backward at (4, 4096, 16, 128) causal,
-where flash_attn_func (bf16) takes 2.44 (.ci/fp8_backward_cost.py, 2026-11-25); no FP8 backward
-kernel (FA3 and the ROCm path have none).  Tests bound the gradients by
-3x the error of a float64 emulation of this rule (tests/kernels/test_fp8.py).
+inputs are computed by the existing kernels, in the inputs' precision, from the saved
+high-precision q, k, v -- each put through the arch's FP8 type and back first
+(fp8_round_trip: the same per-(sequence, head) scale, so the values the FP8 forward used, rounded
+to the inputs' dtype).  This is the straight-through rule of FP8 training (the rounding's own
+derivative taken as the identity): the gradients of the computation the forward did, handed to the
+inputs the user holds.  Why not the saved inputs themselves: the backward rebuilds P as
+exp(S - lse), and with S of the unquantised q and k the rows of P stop summing to 1, an error that
+grows with the scores' spread (dq off by 80 % of its largest entry at logits of std ~4).  Why out
+and lse are recomputed (one forward launch on the round-tripped values) rather than the FP8
+forward's: x8 * descale rounded to fp16 / bf16 is not exactly the value the FP8 dot used (the
+descale is amax / fp8_max, not a power of two), and under sharply peaked attention that rounding,
+times a large score, moved S by up to ~1 against the FP8 forward's lse: rows of P summed to 0.4-9.5
+and dV was 40x the emulation's error at bf16 logits of std ~100 (tests/kernels/test_fp8.py,
+test_fp8_func_backward_peaked_softmax).  With out and lse of the same values the backward is
+exactly the bf16 / fp16 backward at the round-tripped inputs, at any logit scale.  Cost: one amax and
+one cast pass over each of q, k, v and one forward in the backward (no FP8 copy is kept from the
+forward); on an H100 the round trips took 0.30 ms of flash_attn_fp8_func's 2.70 ms forward+backward
+at (4, 4096, 16, 128) causal, where flash_attn_func (bf16) takes 2.44 (.ci/fp8_backward_cost.py,
+2026-11-25, before the recomputed forward); no FP8 backward kernel (FA3 and the ROCm path have
+none).  Tests bound the gradients by 3x the error of a float64 emulation of this rule
+(tests/kernels/test_fp8.py).
 """
 from __future__ import annotations
 
@@ -547,19 +553,28 @@ def _traced_forward_values(*args):
     return _forward_values(*args, trip=torch.ops.fa_amd.fp8_round_trip)
 
 
+def _recomputed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                        window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, deterministic, sinks):
+    """attention_fwd's launcher with the op's arguments (the eager backward's recomputation of out and lse)."""
+    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
+                             sinks)
+
+
 def _backward(ctx, dout):
-    """Gradients of the high-precision inputs by the existing backward kernels, at the values the FP8
-    forward used (the saved q, k, v through FP8 and back) with its out and lse (module docstring);
+    """Gradients of the high-precision inputs by the existing kernels, at the values the FP8 forward used (the
+    saved q, k, v through FP8 and back), with out and lse recomputed from those values (module docstring);
     once-differentiable as fa_amd.ops' backward (create_graph=True: a second backward raises)."""
     if torch.compiler.is_compiling():
         return _compiled_backward(ctx, dout, None, None)
     bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
-    return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values)
+    return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values, forward=_recomputed_forward)
 
 
 def _compiled_backward(ctx, dout, _dlse, _dprobs):
     """attention_fwd_fp8_quantized's backward (torch.compile): _backward's rule through custom ops."""
-    return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_traced_forward_values)
+    return ops._backward_with(torch.ops.fa_amd.attention_bwd, ctx, dout, round_trip=_traced_forward_values,
+                              forward=torch.ops.fa_amd.attention_fwd)
 
 
 class FP8Attention(torch.autograd.Function):

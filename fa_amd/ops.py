@@ -208,14 +208,19 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, _probs)
 
 
-def _backward_with(bwd, ctx, dout, round_trip=None):
+def _backward_with(bwd, ctx, dout, round_trip=None, forward=None):
     """The gradients from the saved tensors by `bwd`; round_trip(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    max_seqlen_k) -> (q, k, v) replaces the saved q, k, v first (fa_amd.fp8: the values its FP8 forward used)."""
+    max_seqlen_k) -> (q, k, v) replaces the saved q, k, v first (fa_amd.fp8: the values its FP8 forward used), and
+    `forward` (attention_fwd's arguments and outputs) then recomputes out and lse from them (fa_amd.fp8: why)."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left, window_right, softcap,
      deterministic) = ctx.params
     if round_trip is not None:
         q, k, v = round_trip(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if forward is not None:  # (the same rng_state: the same dropout mask)
+        out, lse, _ = forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                              softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, False,
+                              deterministic, sinks)
     # (dq, dk, dv) or (dq, dk, dv, dsinks): the op always gives four, the eager _gradients three without sinks
     grads = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, deterministic, sinks)

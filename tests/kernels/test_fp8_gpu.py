@@ -164,7 +164,7 @@ def test_dropout_backward_uses_the_forward_mask():
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref64, _ = attention_ref(*leaves, causal=True, dropout_p=0.2, dropout_mask=keep)
     g64 = torch.autograd.grad(ref64, leaves, dout.double())
-    # the backward rule in float64 (q, k, v as the FP8 forward used them; the emulated FP8 forward's out and lse; the
+    # the backward rule in float64 (q, k, v as the FP8 forward used them; out and lse of those values; the
     # same mask): a wrong mask in the kernels' backward is off by O(1), far outside 3x its error
     emu_lse = attention_ref(*deq, causal=True)[1]
     g_emu = attention_grads_from_stats(*deq, emu, emu_lse, dout, causal=True, dropout_p=0.2, dropout_mask=keep)
