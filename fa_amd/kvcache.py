@@ -159,7 +159,8 @@ def _check_index(name: str, t, batch: int, q, dtypes=_INDEX_DTYPES, shape=None):
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
-        what = "an int, an int32 torch.Tensor or None" if name == "cache_seqlens" else "a torch.Tensor or None"
+        what = ("an int, an int32 (or int64) torch.Tensor or None" if name == "cache_seqlens"
+                else "a torch.Tensor or None")
         raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
     if t.dtype not in dtypes:
         kinds = " or ".join(str(d).replace("torch.", "") for d in dtypes)
@@ -240,7 +241,7 @@ def _check_block_table(block_table, batch: int, k_cache, q, cache_name: str = "k
         raise ValueError(f"block_table must have shape (batch={batch}, max_num_blocks_per_seq), got "
                          f"{tuple(block_table.shape)}")
     if block_table.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"block_table must be an int32 tensor, got {block_table.dtype}")
+        raise TypeError(f"block_table must be an int32 (or int64) tensor, got {block_table.dtype}")
     _check_device("block_table", block_table, q)
     page_size = k_cache.shape[1]
     if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
@@ -322,7 +323,8 @@ def _check_writable_caches(k_cache, v_cache):
         if torch._debug_has_internal_overlap(t) == 1:  # (1: some elements share memory; 2: too hard to tell)
             raise ValueError(f"{name} has elements that share memory (an expanded tensor?); the append writes "
                              f"it in place: pass a tensor of its own (e.g. .clone())")
-    if k_cache.data_ptr() == v_cache.data_ptr() and k_cache.dtype == v_cache.dtype:
+    # (two empty caches, e.g. of a batch of 0, both report address 0: nothing is written to either)
+    if k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr() and k_cache.dtype == v_cache.dtype:
         raise ValueError("k_cache and v_cache are the same memory; the append writes both in place: pass two caches")
 
 

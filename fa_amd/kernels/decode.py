@@ -1083,6 +1083,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     out = new_output(q, q.shape, out_dtype)
     lse = new_output(q, (hq, total_q) if q_varlen else (batch, hq, seqlen_q), torch.float32)
     if batch == 0 or seqlen_q == 0 or total_q == 0:
+        if q_varlen:  # no program runs: every token gets what the tail below gets (rows that see no key)
+            out.zero_()
+            lse.fill_(float("inf"))
         return out, (lse if need_lse else None)
     if paged:
         page_size = k_cache.shape[1]

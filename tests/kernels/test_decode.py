@@ -289,6 +289,38 @@ def test_varlen_seqused_k(device, paged):
     assert torch.equal(out_t, out)
 
 
+@pytest.mark.parametrize("route", ["seqused_k", "block_table", "batch0"])
+def test_varlen_paged_routes_without_query_rows_fill_every_token(device, route):
+    """q with tokens but no sequence holding one (cu_seqlens_q all zero, max_seqlen_q 0, or no sequence at all):
+    no program runs, and every token gets output 0 and lse +inf, as the tail past cu_seqlens_q[-1] does (audit
+    2026-11-29: the seqused_k / block_table route returned the poisoned buffers)."""
+    hq, hk, d = 2, 1, 16
+    q = torch.randn(3, hq, d, device=device)
+    kw = {}
+    if route == "seqused_k":
+        k, v = torch.randn(5, hk, d, device=device), torch.randn(5, hk, d, device=device)
+        cu_q, cu_k, kw["seqused_k"] = cu_seqlens([0], device), cu_seqlens([5], device), cu_seqlens([5], device)[1:]
+    else:
+        k, v = torch.randn(2, 16, hk, d, device=device), torch.randn(2, 16, hk, d, device=device)
+        batch = 0 if route == "batch0" else 1
+        cu_q, cu_k = cu_seqlens([0] * batch, device), cu_seqlens([5] * batch, device)
+        kw["block_table"] = torch.zeros(batch, 1, dtype=torch.int32, device=device)
+    out, lse, _ = fa_amd.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 0, 16, return_attn_probs=True, **kw)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.full_like(lse, float("inf")))
+
+
+def test_an_append_to_the_caches_of_an_empty_batch(device):
+    """Batch 0 (a serving step with nothing scheduled): two empty caches share address 0 but are two caches; the
+    append and the attention do nothing (audit 2026-11-29: "k_cache and v_cache are the same memory")."""
+    q = torch.randn(0, 1, 4, 32, device=device)
+    k_cache, v_cache = torch.randn(0, 8, 2, 32, device=device), torch.randn(0, 8, 2, 32, device=device)
+    new = torch.randn(0, 1, 2, 32, device=device)
+    seqlens = torch.zeros(0, dtype=torch.int32, device=device)
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, new, new.clone(), cache_seqlens=seqlens)
+    assert out.shape == q.shape
+
+
 @pytest.mark.parametrize("page,splits", [(None, 1), (None, 3), (16, 2)])
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")])
 def test_slots_before_cache_leftpad_are_never_read(device, page, splits, poison):
