@@ -458,13 +458,14 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"{given} applies to FP8 q, k, v only, but q is {got}; leave it out for high-precision "
                          f"inputs, or call flash_attn_fp8_func to run them in FP8 (quantised inside)")
-    _check_fp8_inputs(q, k, v)
     if block_table is not None or seqused_k is not None:  # paged / seqused varlen: the decode kernel
+        # (its rules are the FP8 KV cache's, kvcache_fp8_args: q may also be fp16 / bf16 / fp32 over FP8 k / v)
         return _api.flash_attn_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                             return_attn_probs, block_table, seqused_k, sinks=sinks, s_aux=s_aux,
                                             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                                             out_dtype=out_dtype, deterministic=deterministic)
+    _check_fp8_inputs(q, k, v)
     _api._check_qkv(q, k, v, varlen=varlen, dtypes=(q.dtype,))
     dropout_p, scale, left, right, softcap = _api._normalize_scalars(
         q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs,

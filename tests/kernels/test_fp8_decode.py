@@ -236,9 +236,11 @@ def test_fp8_kvcache_descales_are_read_in_place_with_their_strides(device, q_kin
     assert (want[0].double() - exact).abs().max().item() <= 2 ** -3 * exact.abs().max().item()
 
 
-def test_fp8_paged_varlen(device):
-    """flash_attn_varlen_func with FP8 q and FP8 pages + block_table (+ seqused_k): the decode kernel's
-    FP8 path, one descale per (sequence, KV head)."""
+@pytest.mark.parametrize("q_kind", ["fp8", "fp16"])
+def test_fp8_paged_varlen(device, q_kind):
+    """flash_attn_varlen_func with FP8 pages + block_table and an FP8 q (or an fp16 one, as flash_attn_with_kvcache
+    takes over an FP8 cache: audit 2026-11-29, refused here before): the decode kernel's FP8 path, one descale
+    per (sequence, KV head)."""
     fp8 = _fp8(device)
     gen = torch.Generator().manual_seed(3)
     lens_q, lens_k, page, hq, hk, d = [1, 3, 0], [20, 33, 5], 16, 4, 2, 32
@@ -256,16 +258,21 @@ def test_fp8_paged_varlen(device):
     kp8, vp8 = fp8_scale_ref(kp, kd[owner], fp8), fp8_scale_ref(vp, vd[owner], fp8)
     q = _rnd(gen, sum(lens_q), hq, d, device=device)
     cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
-    q8, qd = fp8_quantize_ref(q.reshape(-1, hk, (hq // hk) * d), fp8, cu_q)
-    q8 = q8.reshape(q.shape)
-    out = fa_amd.flash_attn_varlen_func(q8, kp8, vp8, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                        block_table=block_table, q_descale=qd, k_descale=kd, v_descale=vd)
-    assert out.dtype == torch.bfloat16
+    if q_kind == "fp8":
+        q8, qd = fp8_quantize_ref(q.reshape(-1, hk, (hq // hk) * d), fp8, cu_q)
+        q_in, out_dtype = q8.reshape(q.shape), torch.bfloat16
+        q_emu = fp8_dequantize_ref(q_in, qd.repeat_interleave(hq // hk, dim=1), cu_q)
+        q_kw = dict(q_descale=qd)
+    else:
+        q_in, qd, out_dtype, q_kw = q.half(), None, torch.float16, {}
+        q_emu = q_in.double()
+    out = fa_amd.flash_attn_varlen_func(q_in, kp8, vp8, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                        block_table=block_table, k_descale=kd, v_descale=vd, **q_kw)
+    assert out.dtype == out_dtype
     ref, _ = attention_paged_varlen_ref(q.double(), kp.double(), vp.double(), cu_q, cu_k, block_table, causal=True)
-    emu, _ = attention_paged_varlen_ref(fp8_dequantize_ref(q8, qd.repeat_interleave(hq // hk, dim=1), cu_q),
-                                        _deq(kp8, kd[owner]), _deq(vp8, vd[owner]), cu_q, cu_k, block_table,
+    emu, _ = attention_paged_varlen_ref(q_emu, _deq(kp8, kd[owner]), _deq(vp8, vd[owner]), cu_q, cu_k, block_table,
                                         causal=True)
-    assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+    assert_within_emulation("out", out, ref, emu, out_dtype)
 
 
 # --------------------------------------------------------------------------- bad input
