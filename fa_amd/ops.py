@@ -221,6 +221,10 @@ def _backward_with(bwd, ctx, dout, round_trip=None, forward=None):
         out, lse, _ = forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, False,
                               deterministic, sinks)
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # create_graph=True: the saved out tied bwd's node (_OnceDifferentiableGrads) to the graph, so that a
+            # second backward raises there; the recomputed out is no part of it, so it ties the node instead
+            out.requires_grad_()
     # (dq, dk, dv) or (dq, dk, dv, dsinks): the op always gives four, the eager _gradients three without sinks
     grads = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, deterministic, sinks)
