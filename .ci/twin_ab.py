@@ -89,8 +89,9 @@ def fwd_rows():
                 for name, m in VERSIONS.items()}))
         if "fp8" in GROUPS:
             q8, k8, v8, descales = bench.fp8_inputs(q, k, v)
-            rows.append((f"fwd fp8 {label}", {
-                name: (lambda m=m, c=causal: m.flash_attn_func(q8, k8, v8, causal=c, **descales))
+            rows.append((f"fwd fp8 {label}", {  # (every input bound now: the loop rebinds the names)
+                name: (lambda m=m, c=causal, q8=q8, k8=k8, v8=v8, ds=descales: m.flash_attn_func(q8, k8, v8, causal=c,
+                                                                                                 **ds))
                 for name, m in VERSIONS.items()}))
     return rows
 
