@@ -300,6 +300,8 @@ def test_fp8_kvcache_bad_input(device):
         (ValueError, "q_descale", dict(q=q, k_cache=kc, v_cache=vc, q_descale=ones)),
         (TypeError, "out_dtype", dict(q=q, k_cache=kc, v_cache=vc, out_dtype=torch.int8)),
         (TypeError, "q_descale", dict(q=q.to(fp8), k_cache=kc, v_cache=vc, q_descale=[1.0])),
+        # a cache of the wrong rank is named as such, not as a descale of the wrong shape (audit 2026-11-29)
+        (ValueError, "k_cache must have rank 4", dict(q=q, k_cache=kc[:, :, 0], v_cache=vc[:, :, 0], k_descale=ones)),
     ]
     # descales that cannot quantise an appended high-precision k / v (x8 = fp8(x / descale)): checked where the
     # values cost no sync (CPU tensors; on a GPU with FA_AMD_CHECK_KVCACHE=1, as the index tensors)
@@ -315,6 +317,29 @@ def test_fp8_kvcache_bad_input(device):
     other = torch.float8_e4m3fnuz if fp8 != torch.float8_e4m3fnuz else torch.float8_e4m3fn
     with pytest.raises(TypeError, match="no dot product"):
         call(q, kc.to(other), vc.to(other), k_descale=ones, v_descale=ones)
+
+
+@pytest.mark.parametrize("route", ["block_table", "seqused_k"])
+def test_fp8_paged_varlen_mixed_dtypes_name_the_argument(device, route):
+    """Paged / seqused_k flash_attn_varlen_func with only some of q, k, v FP8: a TypeError naming them (audit
+    2026-11-29: an AttributeError, the absent new keys' names shadowing the pages')."""
+    fp8 = _fp8(device)
+    hq, hk, d = 2, 1, 16
+    q = torch.randn(3, hq, d, device=device).half()
+    cu_q = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    if route == "block_table":
+        kv = [torch.randn(2, 16, hk, d, device=device) for _ in range(2)]
+        kw = dict(block_table=torch.tensor([[1, 0]], dtype=torch.int32, device=device))
+        cu_k = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    else:
+        kv = [torch.randn(20, hk, d, device=device) for _ in range(2)]
+        kw = dict(seqused_k=torch.tensor([20], dtype=torch.int32, device=device))
+        cu_k = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    for q_in, k_in, v_in, word in [(q, kv[0].half(), kv[1].to(fp8), "v is torch.float8"),
+                                   (q, kv[0].to(fp8), kv[1].half(), "k is torch.float8"),
+                                   (q.to(fp8), kv[0].half(), kv[1].half(), "q is torch.float8")]:
+        with pytest.raises(TypeError, match=word):
+            fa_amd.flash_attn_varlen_func(q_in, k_in, v_in, cu_q, cu_k, 3, 20, **kw)
 
 
 def test_fp8_kvcache_arch_without_fp8(device, monkeypatch):
