@@ -554,14 +554,6 @@ def _traced_forward_values(*args):
     return _forward_values(*args, trip=torch.ops.fa_amd.fp8_round_trip)
 
 
-def _recomputed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                        window_left, window_right, softcap, alibi_slopes, rng_state, return_probs, deterministic, sinks):
-    """attention_fwd's launcher with the op's arguments (the eager backward's recomputation of out and lse)."""
-    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                             softmax_scale, window_left, window_right, softcap, alibi_slopes, rng_state, return_probs,
-                             sinks)
-
-
 def _backward(ctx, dout):
     """Gradients of the high-precision inputs by the existing kernels, at the values the FP8 forward used (the
     saved q, k, v through FP8 and back), with out and lse recomputed from those values (module docstring);
@@ -569,7 +561,7 @@ def _backward(ctx, dout):
     if torch.compiler.is_compiling():
         return _compiled_backward(ctx, dout, None, None)
     bwd = ops._OnceDifferentiableGrads.apply if torch.is_grad_enabled() else ops._gradients
-    return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values, forward=_recomputed_forward)
+    return ops._backward_with(bwd, ctx, dout, round_trip=_forward_values, forward=torch.ops.fa_amd.attention_fwd)
 
 
 def _compiled_backward(ctx, dout, _dlse, _dprobs):
