@@ -189,10 +189,12 @@ def _check_grad(what: str, **tensors):
 
 
 def _check_common(q, k_cache, v_cache, paged: bool, fp8: bool = False):
-    """fp8: the dtypes were checked by fa_amd.fp8.kvcache_fp8_args (q may differ from the caches)."""
+    """fp8: the dtypes are fa_amd.fp8.kvcache_fp8_args' to check (q may differ from the caches)."""
     _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)", (q.dtype,) if fp8 else SUPPORTED_DTYPES)
-    _check_tensor("k_cache", k_cache, 4, _cache_layout(paged), (k_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
-    _check_tensor("v_cache", v_cache, 4, _cache_layout(paged), (v_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
+    layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
+              else "(batch_size_cache, seqlen_cache, nheads_k, headdim)")
+    _check_tensor("k_cache", k_cache, 4, layout, (k_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
+    _check_tensor("v_cache", v_cache, 4, layout, (v_cache.dtype,) if fp8 else SUPPORTED_DTYPES)
     if not fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     _check_device("k_cache", k_cache, q)
@@ -214,11 +216,6 @@ def _check_common(q, k_cache, v_cache, paged: bool, fp8: bool = False):
         raise ValueError(f"nheads of q ({hq}) must be a multiple of nheads of k_cache/v_cache ({hk})")
     if hq > MAX_GRID_YZ:
         raise ValueError(f"at most {MAX_GRID_YZ} query heads are supported, got {hq}")
-
-
-def _cache_layout(paged: bool) -> str:
-    return ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
-            else "(batch_size_cache, seqlen_cache, nheads_k, headdim)")
 
 
 def _check_runtime(q):
@@ -381,17 +378,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                return_softmax_lse, *checked)
     paged = block_table is not None
     descale = out_dtype_fp8 = None
-    # q's rank first: the FP8 checks below size the descales by its batch
-    _check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)", (q.dtype,) if isinstance(q, torch.Tensor) else ())
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):  # (ranks before the FP8 checks size descales)
-        _check_tensor(name, cache, 4, _cache_layout(paged), (cache.dtype,) if isinstance(cache, torch.Tensor) else ())
-    if _is_fp8_call((q, k_cache, v_cache, k, v), (q_descale, k_descale, v_descale, out_dtype)):
+    fp8 = _is_fp8_call((q, k_cache, v_cache, k, v), (q_descale, k_descale, v_descale, out_dtype))
+    # ranks and shapes first (FP8 dtypes are kvcache_fp8_args' to check): the FP8 checks size the descales by them
+    _check_common(q, k_cache, v_cache, paged, fp8)
+    if fp8:
         from .fp8 import kvcache_fp8_args  # fp8 sits above this module
 
         descale, out_dtype_fp8 = kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
                                                   out_dtype, q.shape[0])
-    fp8 = descale is not None
-    _check_common(q, k_cache, v_cache, paged, fp8)
     batch, seqlen_q, hq, d = q.shape
     if batch > MAX_GRID_YZ:
         raise ValueError(f"batch size must be at most {MAX_GRID_YZ}, got {batch}")
