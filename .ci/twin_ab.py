@@ -18,7 +18,6 @@ Prints one line per row (twin ms, this tree's ms, ratio) and JSON lines to $OUT/
 import importlib
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -49,8 +48,7 @@ def load_twin(path: str):
                 with open(file) as f:
                     text = f.read()
                 with open(file, "w") as f:
-                    f.write(re.sub(r'"fa_amd::', '"fa_amd_twin::', text).replace('Library("fa_amd"',
-                                                                                 'Library("fa_amd_twin"'))
+                    f.write(text.replace('"fa_amd::', '"fa_amd_twin::'))
     sys.path.insert(0, root)
     return importlib.import_module("fa_amd_twin")
 

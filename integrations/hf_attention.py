@@ -904,7 +904,7 @@ def _mask_function_spec(mask_function):
     return causal, window, packed
 
 
-def _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, spec, device):
+def _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, spec, device):
     """The keep-mask of a call without cached tokens, tagged (memo) with what the model's mask function says:
     spec = (causal or None, flash window or None, packed-sequence ids or None).  The attention then follows it
     (the mask decides, as in eager), whatever the module passes or lacks: a window only in the mask (PhiMoE),
@@ -971,12 +971,10 @@ def fa_amd_attention_mask(
                     "fa_amd computes this model's bidirectional mask (its or_mask_function) only without a KV cache "
                     f"(got {q_length} queries at offset {q_offset} over {kv_length} keys at offset {kv_offset}); "
                     "use attn_implementation='sdpa' or 'eager' to run it over a cache")
-            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
-                                     (False, window, None), device)
+            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, (False, window, None), device)
         spec = _mask_function_spec(mask_function)
         if fresh and spec is not None:
-            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, spec,
-                                     device)
+            return _tagged_keep_mask(attention_mask, batch_size, q_length, kv_length, spec, device)
         if spec is not None and spec[1] is not None and isinstance(q_length, int) and q_length > 1:
             # several new tokens over a cache (chunked prefill, assisted decoding) under a window: it reaches the
             # attention also where the module does not pass it (PhiMoE).  (One-token steps keep their untagged
