@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python .ci/fp8_ab.py        # on an H100: ~3-5 min with compiles (rows stop after BUDGET_S)
     SMOKE=1 PYTHONPATH=. python .ci/fp8_ab.py  # CPU check of the script itself (interpreter, tiny rows, ~8 min)
+    TILES="64,128,4,2,168;64,64,4,3" ...         # these tiles (M, N, warps, stages[, maxnreg]) beside the table's
 
 Rows: b4 s4096 h16 d128 and b2 s8192 h16 d128, full and causal (GQA=1 adds b4 s4096 h16/kv4 with the table tile).
 Every variant of a row is timed in the same interleaved rounds (ROUNDS, default 7): each round takes the
@@ -75,6 +76,9 @@ if SMOKE:
 # ran 0-8 % slower, 2026-11-24: docs/TUNING_NOTES.md v19.)
 FULL_TILES = [None, (64, 128, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]
 CAUSAL_TILES = [None, (64, 64, 4, 3), (64, 64, 4, 3, 168), (128, 64, 4, 3), (64, 128, 4, 2)]
+# TILES="64,128,4,2,168;64,64,4,3": these candidates (beside the table's) on every row instead of the lists above
+if os.environ.get("TILES"):
+    FULL_TILES = CAUSAL_TILES = [None] + [tuple(int(x) for x in t.split(",")) for t in os.environ["TILES"].split(";")]
 
 FAMILY = "cpu" if SMOKE else "sm90"
 SM90 = tables.TABLES[FAMILY]

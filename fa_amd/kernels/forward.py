@@ -40,7 +40,7 @@ from .launch import (
     LaunchPlan, alias_pattern, current_stream, descale_args, even_qk, grid_blocks, head_dim_padded, head_scan_grid,
     jit_launch, kept_zeros, kernel_args, launch, lse_strides, new_output, recording, row_strides, score_args, shape_info)
 from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep, dropout_seed, fp8_v_ptrs, \
-    is_nan, load_head_descales, p_shift, score_log2, seq_bounds, sink_init, tail_start
+    is_nan, load_head_descales, mask_keys, p_shift, score_log2, seq_bounds, sink_init, tail_start
 
 
 # At most this many programs per (sequence, KV head) in v_nan_flags_kernel (tables.V_NAN_FLAGS says how
@@ -60,8 +60,11 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
                IS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                RELOAD_CHUNK: tl.constexpr, POSITIVE_SCALE: tl.constexpr, FP8: tl.constexpr, D_HI: tl.constexpr,
-               EVEN: tl.constexpr = False):
+               EVEN: tl.constexpr = False, edge_lo=0, edge_hi=0, MASK_EDGES: tl.constexpr = False):
+    # MASK_EDGES (whole blocks only, MASK False): the loop runs every key block, the masked edges too, and masks the
+    # window in the blocks outside [edge_lo, edge_hi) under a branch, so no second software pipeline fills for them
     COLS_MASKED: tl.constexpr = MASK and not EVEN  # (EVEN: whole key blocks; the window edges are still masked)
+    tl.static_assert(not MASK_EDGES or (EVEN and not MASK))
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if FP8:
@@ -90,18 +93,34 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
                                     HEAD_DIM, D_PAD + D_HI, COLS_MASKED)
                 qk = tl.dot(q_hi, kT_hi, qk, input_precision=INPUT_PRECISION)
         # pairs in parentheses: triton < 3.4 rejects a chain of more than two boolean operands
-        if (POSITIVE_SCALE and not MASK) and (not IS_SOFTCAP and not HAS_ALIBI):
+        if POSITIVE_SCALE and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
-            # argument as one FMA per element (scale > 0 keeps the max where it was)
+            # argument as one FMA per element (scale > 0 keeps the max where it was, and -inf at -inf)
+            if MASK:
+                # (the tile's own column offsets against limits shifted by start_n: no column index per element)
+                qk = mask_keys(qk, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
+                               win_right, HAS_LEFT, HAS_RIGHT, not EVEN)
+            if MASK_EDGES:
+                if (start_n < edge_lo) | (start_n >= edge_hi):
+                    qk = mask_keys(qk, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
+                                   win_right, HAS_LEFT, HAS_RIGHT, False)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-            m_shift = m_new
+            if MASK or MASK_EDGES:
+                # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_shift = m_new
             p = tl.exp2(qk * qk_scale_log2 - p_shift(m_shift, FP8)[:, None])
         else:
             s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                               softcap_log2, slope_log2, win_left, win_right,
                               MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, not EVEN)
+            if MASK_EDGES:
+                if (start_n < edge_lo) | (start_n >= edge_hi):
+                    s = mask_keys(s, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
+                                  win_right, HAS_LEFT, HAS_RIGHT, False)
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            if MASK:
+            if MASK or MASK_EDGES:
                 # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
                 m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             else:
@@ -152,7 +171,7 @@ def attn_fwd_kernel(
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
     pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, Q_DESCALE_PER_KV_HEAD: tl.constexpr = False,
-    EVEN_QK: tl.constexpr = False,
+    EVEN_QK: tl.constexpr = False, FWD_MERGED_EDGES: tl.constexpr = 0,
 ):
     # EVEN_QK: every sequence's query and key counts are whole multiples of the tiles (launch.even_qk): the
     # diagonal's key blocks load without bounds, q, out and lse without row bounds
@@ -248,7 +267,10 @@ def attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_ranges(m0, q_len, k_len, diag, win_left, win_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    if HAS_LEFT:
+    # FWD_MERGED_EDGES on whole blocks (tables.KERNEL_SWITCHES): the masked edges' blocks join the unmasked loop,
+    # masked under a branch there; otherwise a masked loop on each side of it
+    MERGED: tl.constexpr = (FWD_MERGED_EDGES and EVEN_QK) and (HAS_LEFT or HAS_RIGHT)
+    if HAS_LEFT and not MERGED:
         acc, acc_hi, l_i, m_i = _fwd_inner(
             acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
             lo, full_lo, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
@@ -258,18 +280,20 @@ def attn_fwd_kernel(
             HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
     acc, acc_hi, l_i, m_i = _fwd_inner(
         acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
-        full_lo, full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
+        lo if MERGED else full_lo, hi if MERGED else full_hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
         qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
         seed, seed_offset, bh, keep_threshold,
         HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, False, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
-    acc, acc_hi, l_i, m_i = _fwd_inner(
-        acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
-        full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
-        qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
-        seed, seed_offset, bh, keep_threshold,
-        HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
+        HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK,
+        full_lo, full_hi, MERGED)
+    if not MERGED:
+        acc, acc_hi, l_i, m_i = _fwd_inner(
+            acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
+            full_hi, hi, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
+            qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
+            seed, seed_offset, bh, keep_threshold,
+            HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, True, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+            HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
 
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
@@ -702,7 +726,8 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     if return_probs:
         scalars.pop("SeedState")
         seed_state = rng_state if flags["HAS_DROPOUT"] else q
-        launch(attn_probs_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
+        probs_cfg = {k: v for k, v in cfg.items() if k != "FWD_MERGED_EDGES"}  # (attn_fwd_kernel's switch alone)
+        launch(attn_probs_kernel, probs_cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch), (
             q, k, lse, probs, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *lse_strides(lse, varlen),
             probs.stride(0), probs.stride(1), probs.stride(2)),

@@ -119,6 +119,25 @@ def score_log2(qk, rows, cols, diag, seqlen_k, qk_scale_log2, softcap_div, softc
 
 
 @triton.jit
+def mask_keys(x, rows, cols, diag, seqlen_k, win_left, win_right,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KEY_BOUND: tl.constexpr):
+    """x with -inf where key `cols` is masked for query `rows`: outside the window -win_left <= rel <= win_right,
+    or (KEY_BOUND) at or past seqlen_k.  Each bound is one limit per row, so a tile element costs one compare per
+    bound and a select (not a rel tile and two compares); the windows are clipped so the limits stay in int32."""
+    base = rows + diag  # the key on each row's diagonal: rel = cols - base
+    if HAS_RIGHT:
+        hi = base + 1 + tl.minimum(win_right, tl.maximum(seqlen_k - base - 1, 0))
+        if KEY_BOUND:
+            hi = tl.minimum(hi, seqlen_k)
+        x = tl.where(cols < hi, x, float("-inf"))
+    elif KEY_BOUND:
+        x = tl.where(cols < seqlen_k, x, float("-inf"))
+    if HAS_LEFT:
+        x = tl.where(cols >= base - tl.minimum(win_left, tl.maximum(base, 0)), x, float("-inf"))
+    return x
+
+
+@triton.jit
 def dropout_keep(seed, seed_offset, bh, rows, cols, keep_threshold):
     """Keep-mask of dropout: a pure function of (seed, offset, batch*head, row, col),
     so forward, both backward kernels and the probability dump agree bit for bit."""

@@ -142,11 +142,13 @@ DKDV_SPLIT_EARLY_RETURN_FAMILIES = ("sm90", "cpu")
 # 0.97 / 0.82; d128 full gained 2-3 %) -- so:
 #   EVEN_QK_FAMILIES:           forwards of fp16 / bf16 / fp32 inputs, and backwards of short (is_short) masked
 #                               (causal or windowed) launches;
-#   EVEN_QK_FP8_FAMILIES:       FP8 forwards;
+#   EVEN_QK_FP8_FAMILIES:       FP8 forwards (sm90 since FWD_MERGED_EDGES: whole blocks then take one loop, 1.7-4.4 %
+#                               faster on the causal rows; alone, whole blocks were level on the same run: 0.4 / 0.7 /
+#                               -0.6 % at b4 s4k, its GQA row, b2 s8k);
 #   EVEN_QK_OTHER_BWD_FAMILIES: the other backwards (longer or unmasked launches).
 # Not on AMD until timed there.  "cpu" in all three so CI tests both forms of every kernel (odd and whole lengths).
 EVEN_QK_FAMILIES = ("sm90", "cpu")
-EVEN_QK_FP8_FAMILIES = ("cpu",)
+EVEN_QK_FP8_FAMILIES = ("sm90", "cpu")
 EVEN_QK_OTHER_BWD_FAMILIES = ("cpu",)
 # Only head dims padded to at least this split (first chunk >= 64 columns), and only where the second chunk
 # has no padded columns (80, 96, 160, 192; not 72 or 40, tuning.head_dim_chunks): on the H100 under triton 3.6
@@ -178,7 +180,8 @@ TABLES = {
     # masked and unmasked paths on short sequences.
     "cpu": [
         {"head_dim": 256,
-         "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+         # (FWD_MERGED_EDGES: whole-block calls run the merged loop, other calls the separate ones)
+         "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "FWD_MERGED_EDGES": 1},
          "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
          "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
     ],
@@ -193,7 +196,7 @@ TABLES = {
         # vs 217 (205); b8 s2k full 385 vs 356; b4 s4k causal 332 vs 316; b1 s16k full 376 vs 369, causal
         # 354 vs 336
         {"head_dim": 64,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "FWD_MERGED_EDGES": 1,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}},
          # short causal launches: DKDV_ONE_MASKED_LOOP (the d128 entry's timing; d64 b16 s1k causal fwd+bwd 0.990
          # vs 1.008 ms, b32 s512 0.692 vs 0.796 at best, b4 s4k level)
@@ -207,7 +210,7 @@ TABLES = {
         # Causal short launches: 64x32 (.ci/short_ab.py PART=fwd2, 2026-11-24: b16 s1k h21 fwd 220 vs 64x64 203,
         # Flex 217; fwd+bwd 213 vs 209).
         {"head_dim": 96,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FWD_MERGED_EDGES": 1,
                  "causal": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
                  "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "causal": {"BLOCK_N": 32}},
                  "fp32": {"BLOCK_N": 32, "num_stages": 2}},
@@ -220,7 +223,7 @@ TABLES = {
         # causal short: 64x32/w4/s3 (.ci/short_ab.py PART=fwd, 5 interleaved rounds, 2026-11-24, fwd TFLOP/s):
         # b32 s512 187 vs 64x64 167 (Flex 186), b16 s1k 265 vs 255 (Flex 260)
         {"head_dim": 128,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FWD_MERGED_EDGES": 1,
                  "causal": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
                  "short": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "causal": {"BLOCK_N": 32}},
                  "fp32": {"BLOCK_N": 32, "num_stages": 2},
@@ -230,6 +233,13 @@ TABLES = {
                  # Causal rows keep it too (.ci/fp8_ab.py, 5 interleaved rounds, 2026-11-24, V read in place and
                  # its NaNs marked in the forward): b4 s4k / b2 s8k 0.440 / 0.759 ms vs 64x64/w4/s3 at maxnreg 168
                  # 0.469 / 0.886, 128x64/w4/s3 0.490 / 0.894, 64x64/w4/s3 0.520 / 0.954 (bf16 0.657 / 1.220)
+                 # FWD_MERGED_EDGES (every sm90 forward entry) on whole blocks (.ci/twin_ab.py, H200, 2026-11-29, 9
+                 # interleaved rounds of CUDA graph replays, us, separate loops -> merged): FP8 (EVEN_QK_FP8_FAMILIES
+                 # with sm90 in both) b4 s4k causal 421.9 -> 405.4 and 422.9 -> 413.6 in a second run, h16/kv4 402.4 ->
+                 # 385.5 / 388.7, b2 s8k 792.4 -> 779.2 / 783.0 -> 749.6; bf16 b4 s4k causal 648.4 -> 639.9, h16/kv4
+                 # 639.4 -> 611.6, b2 s8k 1235 -> 1231; fwd+bwd causal d128 b32 s512 610.8 -> 603.1, b16 s1k 871.4 ->
+                 # 864.2, h16/kv4 b4 s4k 2478 -> 2438, d64 b32 s512 343.0 -> 326.9, b16 s1k 493.5 -> 476.4; full rows
+                 # level.  (d96 / d192 / d256 untimed: the same loop structure.)
                  "fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}},
          # fp32 inputs: the fused dK/dV + dQ launch needs 296 KB of shared memory at 3 stages.
          # DKDV_COL_BOUNDS (KERNEL_SWITCHES) on non-causal launches under triton 3.6 (.ci/bwd_spill_ab.py, H200,
@@ -251,7 +261,7 @@ TABLES = {
         # the d256 row's 32x128 189 / 261 (FA2 193 / 253), dQ 128x64/w8/s2 197 / 281 vs 128x32.  fp32 inputs:
         # the d256 row's fp32 launches.
         {"head_dim": 192,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "fp32": _FP32_HALF_N},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "FWD_MERGED_EDGES": 1, "fp32": _FP32_HALF_N},
          "dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "DKDV_SPLIT": 1,
                   "fp32": {"BLOCK_M": 32, "BLOCK_N": 64, "DKDV_SPLIT": 0}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
@@ -263,7 +273,7 @@ TABLES = {
         # full 16k 346 vs 158 (FA2 280); causal 4k 296 vs 153 (FA2 230); causal 16k 330 vs 171 (FA2 266).
         # fp32 inputs keep the previous row (the split tiles' shared memory is sized for 16-bit operands).
         {"head_dim": 256,
-         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "fp32": _FP32_HALF_N},
+         "fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FWD_MERGED_EDGES": 1, "fp32": _FP32_HALF_N},
          "dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "DKDV_SPLIT": 1,
                   "fp32": {"BLOCK_N": 64, "DKDV_SPLIT": 0}},
          "dq": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2,
@@ -476,11 +486,16 @@ HIP_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 #   and the ragged or windowed tail's) in one loop before the unmasked ones, instead of one loop on each side: one
 #   software pipeline fewer to fill and drain per program (its prologue issues predicated loads even when the tail
 #   is empty).  Sums dK / dV in another order (deterministic still).
-KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0, "DKDV_COL_BOUNDS": 0, "DKDV_ONE_MASKED_LOOP": 0}
+#   FWD_MERGED_EDGES (forward kernel only): 1 runs a masked forward program (causal, windowed) on whole blocks
+#   (EVEN_QK) as one loop over all its key blocks, the edge blocks' window mask applied under a branch, instead of
+#   a loop per masked edge beside the unmasked one: each loop of its own filled and drained its software pipeline
+#   for one block (the causal diagonal).  Launches without EVEN_QK keep the separate loops.
+KERNEL_SWITCHES = {"RELOAD_CHUNK": 0, "DKDV_SPLIT": 0, "DKDV_COL_BOUNDS": 0, "DKDV_ONE_MASKED_LOOP": 0,
+                   "FWD_MERGED_EDGES": 0}
 # Switches that only some kernels take, with the table kernels whose launch dicts carry them
 # (the others never see them: an entry that sets one is an error); unlisted switches: every kernel.
 SWITCH_KERNELS = {"DKDV_SPLIT": ("dkdv", "dkdv_atomic"), "DKDV_COL_BOUNDS": ("dkdv", "dkdv_atomic"),
-                  "DKDV_ONE_MASKED_LOOP": ("dkdv", "dkdv_atomic")}
+                  "DKDV_ONE_MASKED_LOOP": ("dkdv", "dkdv_atomic"), "FWD_MERGED_EDGES": ("fwd",)}
 
 
 # --------------------------------------------------------------------------- decode (kernels/decode.py)

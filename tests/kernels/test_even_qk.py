@@ -184,16 +184,10 @@ def test_other_backwards_and_fp8_follow_their_tables(device, poisoned, launched,
 def test_fp8_whole_blocks(device, poisoned, monkeypatch, opts):
     """FP8 inputs (FA3-style descales, GQA 2:1) on whole blocks, EVEN_QK on: within test_fp8's bound of the float64
     attention of the original inputs."""
-    from .test_fp8 import _dequantized, _quantized, assert_within_emulation
+    from .test_fp8 import check_fa3_style_call
 
     monkeypatch.setattr(tables, "EVEN_QK_FP8_FAMILIES", (poisoned,))
-    q, k, v = torch.randn(1, 128, 4, 64, device=device), torch.randn(1, 256, 2, 64, device=device), \
-        torch.randn(1, 256, 2, 64, device=device)
-    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
-    out = fa_amd.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **opts)
-    ref, _ = attention_ref(q, k, v, **opts)
-    emu, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), **opts)
-    assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+    check_fa3_style_call(device, 128, 256, 4, 2, 64, **opts)
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["partial sums", "atomic sum"])

@@ -81,6 +81,18 @@ def assert_within_emulation(name, got, ref64, emu64, out_dtype):
     return err, err_emu
 
 
+def check_fa3_style_call(device, sq, sk, hq, hk, d, **opts):
+    """flash_attn_func on FA3-style FP8 inputs (batch 1) within the bound above of the float64 attention of the
+    original inputs."""
+    q, k, v = torch.randn(1, sq, hq, d, device=device), torch.randn(1, sk, hk, d, device=device), \
+        torch.randn(1, sk, hk, d, device=device)
+    q8, k8, v8, qd, kd, vd = _quantized(q, k, v)
+    out = fa_amd.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **opts)
+    ref, _ = attention_ref(q, k, v, **opts)
+    emu, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, vd), **opts)
+    assert_within_emulation("out", out, ref, emu, torch.bfloat16)
+
+
 # --------------------------------------------------------------------------- FA3-style FP8 inputs
 
 DENSE_CASES = [
