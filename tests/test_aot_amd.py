@@ -94,10 +94,11 @@ def test_triton_version_overrides_are_table_data():
     entry = {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 2, "triton<3.7": {"num_stages": 1},
              "triton<3.4": {"BLOCK_N": 32}, "causal": {"BLOCK_M": 64}}
     assert resolve_entry(entry, triton_version=(3, 9))["num_stages"] == 2
+    switches = {"RELOAD_CHUNK": 0, "FWD_MERGED_EDGES": 0}  # (the forward's switches, at their defaults)
     assert resolve_entry(entry, kernel="fwd", triton_version=(3, 6)) == {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 1,
-                                                           "RELOAD_CHUNK": 0}
+                                                                         **switches}
     assert resolve_entry(entry, causal=True, kernel="fwd", triton_version=(3, 2)) == {"BLOCK_M": 64, "BLOCK_N": 32,
-                                                                       "num_stages": 1, "RELOAD_CHUNK": 0}
+                                                                                      "num_stages": 1, **switches}
     assert set(TRITON_OVERRIDES) <= set(OVERRIDES)
     used = {k for rows in TABLES.values() for row in rows for e in row.values() if isinstance(e, dict)
             for k in e if k.startswith("triton")}

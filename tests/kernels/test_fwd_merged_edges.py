@@ -130,3 +130,26 @@ def test_ragged_lengths_keep_separate_loops(device, merged, launched):
     q, k, v = dense_qkv(device, torch.float16, 1, 77, 93, 2, 2, 64)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True), q, k, v, causal=True)
     assert launched and launched[0] == (False, merged)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (40, -1)])
+def test_sinks_causal(device, merged, window):
+    """Learnable sinks (the softmax starts from the sink's logit), causal and a causal sliding window, GQA 2:1."""
+    from .test_sinks import _dense_case
+
+    _dense_case(device, torch.float16, (1, 128, 128, 4, 2, 64), causal=True, window_size=window)
+
+
+def test_broken_promise_stays_inside_the_sequence(device, merged, monkeypatch):
+    """EVEN_QK forced on a causal call whose lengths are not whole blocks (the host never does this): the kernel
+    rounds the lengths down, so the merged loop too reads only inside the sequence.  The inputs are views of buffers
+    holding NaN past it; rows of the first 128 see only keys of the first 128, so they come out finite."""
+    n, done = 200, 128
+    bufs = [torch.full((1, 320, 2, 64), float("nan"), device=device, dtype=torch.float16) for _ in range(3)]
+    for buf in bufs:
+        buf[:, :n] = torch.randn(1, n, 2, 64, device=device, dtype=torch.float16)
+    q, k, v = (buf[:, :n] for buf in bufs)
+    monkeypatch.setattr(forward, "even_qk", lambda *args: True)
+    with torch.no_grad():
+        out = fa_amd.flash_attn_func(q, k, v, causal=True, window_size=(50, 0))
+    assert torch.isfinite(out[:, :done]).all()
