@@ -51,6 +51,23 @@ NAN_ROWS_PER_LOAD = tl.constexpr(8)
 
 
 @triton.jit
+def _masked_block(x, start_n, edge_lo, edge_hi, offs_m, offs_n, diag, k_len, win_left, win_right,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KEY_BOUND: tl.constexpr, MASK: tl.constexpr,
+                  MASK_EDGES: tl.constexpr):
+    """The key block at start_n of x masked (score_mods.mask_keys): with MASK always, with MASK_EDGES only when the
+    block lies outside [edge_lo, edge_hi), under a branch.  The tile's own column offsets are compared against
+    limits shifted by start_n: no column index per element."""
+    if MASK_EDGES:
+        if (start_n < edge_lo) | (start_n >= edge_hi):
+            x = mask_keys(x, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left, win_right,
+                          HAS_LEFT, HAS_RIGHT, KEY_BOUND)
+    elif MASK:
+        x = mask_keys(x, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left, win_right,
+                      HAS_LEFT, HAS_RIGHT, KEY_BOUND)
+    return x
+
+
+@triton.jit
 def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, stride_kn, stride_vn, stride_vd,
                start, end, offs_m, offs_n, offs_d, offs_dh, diag, k_len, v_len,
                qk_scale_log2, softcap_div, softcap_log2, slope_log2, win_left, win_right,
@@ -96,14 +113,8 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
         if POSITIVE_SCALE and (not IS_SOFTCAP and not HAS_ALIBI):
             # plain scores: the row max of the raw tile scaled once per row, and the exp2
             # argument as one FMA per element (scale > 0 keeps the max where it was, and -inf at -inf)
-            if MASK:
-                # (the tile's own column offsets against limits shifted by start_n: no column index per element)
-                qk = mask_keys(qk, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
-                               win_right, HAS_LEFT, HAS_RIGHT, not EVEN)
-            if MASK_EDGES:
-                if (start_n < edge_lo) | (start_n >= edge_hi):
-                    qk = mask_keys(qk, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
-                                   win_right, HAS_LEFT, HAS_RIGHT, False)
+            qk = _masked_block(qk, start_n, edge_lo, edge_hi, offs_m, offs_n, diag, k_len, win_left, win_right,
+                               HAS_LEFT, HAS_RIGHT, not EVEN, MASK, MASK_EDGES)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
             if MASK or MASK_EDGES:
                 # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN
@@ -115,10 +126,9 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, q_rows, q_len, K_head, V_head, st
             s, _ = score_log2(qk, offs_m[:, None], cols[None, :], diag, k_len, qk_scale_log2, softcap_div,
                               softcap_log2, slope_log2, win_left, win_right,
                               MASK, IS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, not EVEN)
-            if MASK_EDGES:
-                if (start_n < edge_lo) | (start_n >= edge_hi):
-                    s = mask_keys(s, offs_m[:, None], offs_n[None, :], diag - start_n, k_len - start_n, win_left,
-                                  win_right, HAS_LEFT, HAS_RIGHT, False)
+            # (score_log2 masked the MASK blocks already)
+            s = _masked_block(s, start_n, edge_lo, edge_hi, offs_m, offs_n, diag, k_len, win_left, win_right,
+                              HAS_LEFT, HAS_RIGHT, False, False, MASK_EDGES)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             if MASK or MASK_EDGES:
                 # a row with every key masked so far keeps m=-inf; shift by 0 instead of NaN

@@ -119,10 +119,11 @@ def check_dropout_alibi(device, causal: bool):
     compare_output(out, lambda *x, **up: attention_ref(*x, **kw, **up), q, k, v)
 
 
-def dkdv_switch_patcher(monkeypatch, device, switch: str):
-    """A function patch(**extra) that sets the dK/dV kernel switch `switch` (tables.KERNEL_SWITCHES) to 1 in
-    every case of every dK/dV entry of `device`'s family (dropped from their overrides), plus `extra`; called
-    once here.  Outputs are poisoned and no tuned table is read from disk."""
+def table_switch_patcher(monkeypatch, device, switch: str, kernels, value=1, absent=()):
+    """A function patch(value=..., **extra) that sets the kernel switch `switch` (tables.KERNEL_SWITCHES) to `value`
+    in every case of every entry of the table kernels `kernels` of `device`'s family (dropped from their overrides),
+    plus `extra`, and checks that the table kernels `absent` do not take it; called once here.  Outputs are
+    poisoned and no tuned table is read from disk."""
     from fa_amd import tuning
     from fa_amd.arch import arch_for
     from fa_amd.kernels import launch
@@ -132,19 +133,26 @@ def dkdv_switch_patcher(monkeypatch, device, switch: str):
     monkeypatch.setattr(tuning, "_overrides", lambda: {})
     arch = arch_for(torch.empty(0, device=device))
     family = tuning.family_of(arch)
+    pristine = TABLES[family]
 
-    def switched_on(entry, **extra):  # the switch set at the top and dropped from every override of the entry
-        entry = {k: (switched_on(v) if isinstance(v, dict) else v) for k, v in entry.items()}
+    def switched(entry, **top):  # the switch dropped from every override of the entry, `top` set at the top
+        entry = {k: (switched(v) if isinstance(v, dict) else v) for k, v in entry.items()}
         entry.pop(switch, None)
-        return dict(entry, **extra)
+        return dict(entry, **top)
 
-    def patch(**extra):
-        rows = [{k: (switched_on(v, **{switch: 1}, **extra) if k in ("dkdv", "dkdv_atomic") else v)
-                 for k, v in row.items()} for row in TABLES[family]]
+    def patch(value=value, **extra):
+        rows = [{k: (switched(v, **{switch: value}, **extra) if k in kernels else v) for k, v in row.items()}
+                for row in pristine]
         monkeypatch.setitem(TABLES, family, rows)
         tuning._RESOLVED.clear()  # no launch plan of an earlier test
-        assert tuning.get_config(arch, "dkdv", 128)[switch] == 1
-        assert tuning.get_config(arch, "dkdv", 128, causal=True)[switch] == 1
-        assert switch not in tuning.get_config(arch, "dq", 128)
+        assert tuning.get_config(arch, kernels[0], 128)[switch] == value
+        assert tuning.get_config(arch, kernels[0], 128, causal=True)[switch] == value
+        for kernel in absent:
+            assert switch not in tuning.get_config(arch, kernel, 128)
     patch()
     return patch
+
+
+def dkdv_switch_patcher(monkeypatch, device, switch: str):
+    """table_switch_patcher for a dK/dV switch: set to 1 in every dK/dV entry, absent from the dQ kernel's."""
+    return table_switch_patcher(monkeypatch, device, switch, ("dkdv", "dkdv_atomic"), absent=("dq",))

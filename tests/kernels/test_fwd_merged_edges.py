@@ -16,34 +16,20 @@ from fa_amd.arch import arch_for
 from fa_amd.kernels import backward, forward, launch
 from fa_amd.reference import attention_ref
 from fa_amd.tuning import tables
-from fa_amd.tuning.tables import TABLES
 
-from .helpers import compare_dense, compare_output, dense_qkv
-
-
-def _switched(entry, value):
-    """A table entry with FWD_MERGED_EDGES = value at the top and dropped from every override."""
-    entry = {k: (_switched(v, None) if isinstance(v, dict) else v) for k, v in entry.items()}
-    entry.pop("FWD_MERGED_EDGES", None)
-    return entry if value is None else dict(entry, FWD_MERGED_EDGES=value)
+from .helpers import compare_dense, compare_output, dense_qkv, table_switch_patcher
 
 
 @pytest.fixture(params=[1, 0], ids=["merged", "separate"])
 def merged(request, monkeypatch, device):
-    """Every forward entry of this device's family sets FWD_MERGED_EDGES to the param; whole blocks on for both
-    dtypes' forwards; outputs poisoned; no tuned table from disk."""
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(tuning, "_overrides", lambda: {})
-    arch = arch_for(torch.empty(0, device=device))
-    family = tuning.family_of(arch)
-    rows = [{k: (_switched(v, request.param) if k == "fwd" else v) for k, v in row.items()}
-            for row in TABLES[family]]
-    monkeypatch.setitem(TABLES, family, rows)
+    """Every forward entry of this device's family sets FWD_MERGED_EDGES to the param (.value; calling it with
+    another value sets that); whole blocks on for both dtypes' forwards; outputs poisoned; no tuned table from disk."""
+    family = tuning.family_of(arch_for(torch.empty(0, device=device)))
     for name in ("EVEN_QK_FAMILIES", "EVEN_QK_FP8_FAMILIES"):
         monkeypatch.setattr(tables, name, tuple(set(getattr(tables, name)) | {family}))
-    tuning._RESOLVED.clear()
-    assert tuning.get_config(arch, "fwd", 128, causal=True)["FWD_MERGED_EDGES"] == request.param
-    yield request.param
+    patch = table_switch_patcher(monkeypatch, device, "FWD_MERGED_EDGES", ("fwd",), value=request.param)
+    patch.value = request.param
+    yield patch
     tuning._RESOLVED.clear()
 
 
@@ -67,7 +53,7 @@ def test_causal(device, merged, launched, sq, sk):
     """Causal (bottom-right; at sq > sk the first rows see no key: out 0, lse +inf), GQA 2:1, gradients too."""
     q, k, v = dense_qkv(device, torch.float16, 2, sq, sk, 2, 1, 64)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True), q, k, v, causal=True)
-    assert launched and launched[0] == (True, merged)
+    assert launched and launched[0] == (True, merged.value)
 
 
 @pytest.mark.parametrize("window", [(40, 0), (33, 17), (-1, 20), (50, -1), (0, 0)])
@@ -103,20 +89,16 @@ def test_fp8(device, merged, launched, opts):
     from .test_fp8 import check_fa3_style_call
 
     check_fa3_style_call(device, 128, 256, 4, 2, 64, **opts)
-    assert launched and launched[0] == (True, merged)
+    assert launched and launched[0] == (True, merged.value)
 
 
-def test_merged_matches_separate(device, monkeypatch, merged):
-    """The same causal and windowed calls with the switch off: the same outputs and lse up to rounding (the loops
+def test_merged_matches_separate(device, merged):
+    """The same causal and windowed calls with the switch flipped: the same outputs and lse up to rounding (the loops
     visit the same blocks in the same order)."""
     q, k, v = dense_qkv(device, torch.float16, 2, 128, 256, 4, 2, 64)
     results = []
-    for value in (merged, 1 - merged):
-        arch = arch_for(q)
-        family = tuning.family_of(arch)
-        rows = [{k_: (_switched(v_, value) if k_ == "fwd" else v_) for k_, v_ in row.items()} for row in TABLES[family]]
-        monkeypatch.setitem(TABLES, family, rows)
-        tuning._RESOLVED.clear()
+    for value in (merged.value, 1 - merged.value):
+        merged(value)
         with torch.no_grad():
             results.append([fa_amd.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2],
                             fa_amd.flash_attn_func(q, k, v, window_size=(70, 30), return_attn_probs=True)[:2]])
@@ -129,7 +111,7 @@ def test_ragged_lengths_keep_separate_loops(device, merged, launched):
     """Lengths that are not whole blocks: no EVEN_QK, so the bounded loads and the separate masked loops, right."""
     q, k, v = dense_qkv(device, torch.float16, 1, 77, 93, 2, 2, 64)
     compare_dense(functools.partial(fa_amd.flash_attn_func, causal=True), q, k, v, causal=True)
-    assert launched and launched[0] == (False, merged)
+    assert launched and launched[0] == (False, merged.value)
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (40, -1)])
