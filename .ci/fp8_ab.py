@@ -3,6 +3,7 @@
     PYTHONPATH=. python .ci/fp8_ab.py        # on an H100: ~3-5 min with compiles (rows stop after BUDGET_S)
     SMOKE=1 PYTHONPATH=. python .ci/fp8_ab.py  # CPU check of the script itself (interpreter, tiny rows, ~8 min)
     TILES="64,128,4,2,168;64,64,4,3" ...         # these tiles (M, N, warps, stages[, maxnreg]) beside the table's
+    KINDS=causal (or full) ...                   # those rows only; GQA_TILES=1: the GQA rows time the tiles too
 
 Rows: b4 s4096 h16 d128 and b2 s8192 h16 d128, full and causal (GQA=1 adds b4 s4096 h16/kv4 with the table tile).
 Every variant of a row is timed in the same interleaved rounds (ROUNDS, default 7): each round takes the
@@ -340,7 +341,8 @@ def warm_jobs():
     if os.environ.get("GQA") == "1":
         for causal in (False, True):
             shape = warm_shape(causal, True)
-            jobs += [(causal, True, name, s, k) for name, s, k in variants(shape, table_only=True)]
+            jobs += [(causal, True, name, s, k)
+                     for name, s, k in variants(shape, table_only=os.environ.get("GQA_TILES") != "1")]
     return jobs
 
 
@@ -395,7 +397,10 @@ def main():
         if elapsed() > BUDGET_S:
             print(f"\nbudget reached ({elapsed():.0f} s): skipped {shape.label}", flush=True)
             continue
-        ms, times, notes, best_tile = time_row(shape, table_only=shape.heads_kv != shape.heads_q)
+        if os.environ.get("KINDS") in ("causal", "full") and shape.causal != (os.environ["KINDS"] == "causal"):
+            continue
+        gqa_table_only = shape.heads_kv != shape.heads_q and os.environ.get("GQA_TILES") != "1"
+        ms, times, notes, best_tile = time_row(shape, table_only=gqa_table_only)
         print_row(shape, ms, times, notes, best_tile, out_rows)
         best.setdefault(shape.causal, []).append(best_tile)
     print("\n### fastest fp8 tile per row:", json.dumps({("causal" if c else "full"): v for c, v in best.items()}))

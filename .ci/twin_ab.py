@@ -13,7 +13,8 @@ interleaved rounds, and a figure is the median over rounds.  Rows (ROWS=fwd,fp8,
              b2 s8k causal;
   bwd:       d128 and d64 forward+backward, b32 s512 and b16 s1k causal, h16/kv4 b4 s4k causal;
   decode:    flash_attn_with_kvcache, one query token, GQA 32/8, d128, bf16: b1 / b8 / b64 at 2k, b1 / b8 at 8k.
-Prints one line per row (twin ms, this tree's ms, ratio) and JSON lines to $OUT/twin_ab.json when OUT is set.
+Prints one line per row (twin ms, this tree's ms, ratio, and the median and range of the per-round paired change of
+this tree's time: the steadier figure) and JSON lines to $OUT/twin_ab.json when OUT is set.
 """
 import importlib
 import json
@@ -145,11 +146,15 @@ def main():
             continue
         times = bench.interleaved_rounds_ms(timed, ROUNDS, calls=10)
         med = {name: statistics.median(t) for name, t in times.items()}
+        # the two versions' rounds in pairs (a round times both at about the same clock level): the paired
+        # change is far steadier than the ratio of medians when the GPU moves between power-cap levels
+        paired = sorted(100 * (b / a - 1) for a, b in zip(times["twin"], times["tree"]))
         line = dict(row=label, outputs_equal=same, twin_ms=med["twin"], tree_ms=med["tree"], tree_vs_twin=med["twin"] / med["tree"],
-                    rounds=times)
+                    paired_pct=dict(median=paired[len(paired) // 2], min=paired[0], max=paired[-1]), rounds=times)
         out.append(line)
         print(f"{label:48s} twin {med['twin'] * 1e3:9.1f} us  tree {med['tree'] * 1e3:9.1f} us  "
-              f"tree speed x{line['tree_vs_twin']:.4f}{'' if same else '  OUTPUTS DIFFER'}", flush=True)
+              f"tree speed x{line['tree_vs_twin']:.4f}  paired tree time {paired[len(paired) // 2]:+.2f} % "
+              f"({paired[0]:+.2f}..{paired[-1]:+.2f}){'' if same else '  OUTPUTS DIFFER'}", flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "twin_ab.json"), "w") as f:
             for line in [env] + out:
