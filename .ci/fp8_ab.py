@@ -23,8 +23,8 @@ overrides applied in-process before each of its timings (no code edits between c
                        kernels/quantize.py, V written token-major, FP8 forward with the table tile)
   fp8_func old-quant   the same with the old torch quantiser (the chain of torch ops it replaced); OLD=1 only
   quant / quant-old    the quantisation of q, k, v alone (new Triton passes / old torch ops, OLD=1 only)
-  [graph] ...          bf16, fp8 table and fp8_func replayed from a CUDA graph: no host time; if eager is much
-                       slower than graph, the call's host (Python) time is what limits it
+  [graph] ...          bf16, fp8 table and fp8_func replayed from a CUDA graph: no host time (their ratios are
+                       against [graph] bf16); if eager is much slower than graph, the call's host time limits it
 After the rounds, "fp8_func best" repeats fp8_func with the fastest fp8 tile of that row.
 
 Output: one table per row as it finishes (ms, TFLOP/s, ratio vs bf16), then the sm90 "fp8" override that the
@@ -289,7 +289,7 @@ def print_row(shape, ms, times, notes, best, out_rows):
     for name, t in ms.items():
         # the second pass (fp8_func best) against the bf16 rounds timed beside it
         base = ms.get("bf16 (again)" if second_pass and (name.startswith("fp8_func best") or name == "bf16 (again)")
-                      else "bf16")
+                      else "[graph] bf16" if name.startswith("[graph]") else "bf16")  # (graph rows: against graph bf16)
         quant = name.startswith("quant")
         tflops = "-" if quant else f"{flops / (t * 1e-3) / 1e12:.0f}"
         ratio = f"{base / t:.2f}x" if base and not quant else "-"
