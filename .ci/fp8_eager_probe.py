@@ -30,11 +30,6 @@ def calls_for(shape):
             "fp8": lambda: fa_amd.flash_attn_func(q8, k8, v8, causal=shape.causal, **descales)}
 
 
-def graph_of(fn):
-    g = bench.cuda_graph(fn, warmup=2)
-    return g.replay
-
-
 def clocks_under(fn, seconds=1.5):
     """Median SM clock (MHz) and board power (W) while fn runs back to back."""
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
@@ -84,14 +79,9 @@ def main():
         with torch.no_grad():
             timed = {}
             for name, fn in fns.items():
-                fn()
-                timed[f"{name} eager"] = fn
-                timed[f"{name} graph"] = graph_of(fn)
-            times = {k: [] for k in timed}
-            keys = list(timed)
-            for r in range(ROUNDS):
-                for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                    times[key].append(bench.gpu_round_ms(timed[key], [], 10))
+                timed[f"{name} eager"] = (fn, ())
+                timed[f"{name} graph"] = (bench.cuda_graph(fn, warmup=2).replay, ())
+            times = bench.interleaved_rounds_ms(timed, ROUNDS)
             ms = {k: statistics.median(v) for k, v in times.items()}
             host = {name: bench.best_host_us(fn, 20) for name, fn in fns.items()}
             clocks = {name: clocks_under(fn) for name, fn in fns.items()}

@@ -313,11 +313,7 @@ def time_gpu():
                 err = (fns[name]()[:1].double() - ref).abs().max().item()
                 print(f"  {name}: max err vs float64 {err:.4f}")
             graphs = {n: bench.cuda_graph(f, warmup=2).replay for n, f in fns.items()}
-            times = {n: [] for n in graphs}
-            keys = list(graphs)
-            for r in range(rounds):
-                for n in keys[r % len(keys):] + keys[:r % len(keys)]:
-                    times[n].append(bench.gpu_round_ms(graphs[n], [], 10))
+            times = bench.interleaved_rounds_ms({n: (g, ()) for n, g in graphs.items()}, rounds)
         flops = 4 * b * h * s * s * 128 / (2 if causal else 1)
         print(f"### b{b} s{s} h{h} {'causal' if causal else 'full'}")
         for n, ts in times.items():
