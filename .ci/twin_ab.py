@@ -11,6 +11,8 @@ replay after bench.l2_flush, timed with CUDA events; the two versions of a row a
 interleaved rounds, and a figure is the median over rounds.  Rows (ROWS=fwd,fp8,bwd,decode picks groups):
   fwd / fp8: d128 forward, bf16 and FA3-style FP8 (bench.fp8_inputs), b4 s4k h16 causal and full, h16/kv4 causal,
              b2 s8k causal;
+  prefix:    d128 causal forward of queries after a cached prefix (fewer queries than keys), bf16 and FP8: b1 512
+             queries / 16k keys and 128 / 8k at h32/kv8, b4 1k / 4k at h16;
   bwd:       d128 and d64 forward+backward, b32 s512 and b16 s1k causal, h16/kv4 b4 s4k causal;
   decode:    flash_attn_with_kvcache, one query token, GQA 32/8, d128, bf16: b1 / b8 / b64 at 2k, b1 / b8 at 8k.
 Prints one line per row (twin ms, this tree's ms, ratio, and the median and range of the per-round paired change of
@@ -95,6 +97,22 @@ def fwd_rows():
     return rows
 
 
+def prefix_rows():
+    rows = []
+    for (b, sq, sk, hq, hk) in [(1, 512, 16384, 32, 8), (1, 128, 8192, 32, 8), (4, 1024, 4096, 16, 16)]:
+        if DRY_RUN:
+            b, sq, sk = 1, 24, 40
+        q, k, v = rnd(b, sq, hq, 128), rnd(b, sk, hk, 128), rnd(b, sk, hk, 128)
+        q8, k8, v8, descales = bench.fp8_inputs(q, k, v)
+        label = f"b{b} q{sq} k{sk} h{hq}/kv{hk} d128 causal"
+        rows.append((f"prefix bf16 {label}", {name: (lambda m=m, q=q, k=k, v=v: m.flash_attn_func(q, k, v, causal=True))
+                                               for name, m in VERSIONS.items()}))
+        rows.append((f"prefix fp8 {label}", {
+            name: (lambda m=m, q8=q8, k8=k8, v8=v8, ds=descales: m.flash_attn_func(q8, k8, v8, causal=True, **ds))
+            for name, m in VERSIONS.items()}))
+    return rows
+
+
 def bwd_rows():
     rows = []
     for (b, s, hq, hk, d) in [(32, 512, 16, 16, 128), (16, 1024, 16, 16, 128), (4, 4096, 16, 4, 128),
@@ -128,8 +146,8 @@ def decode_rows():
 
 
 def main():
-    rows = (fwd_rows() if {"fwd", "fp8"} & set(GROUPS) else []) + (bwd_rows() if "bwd" in GROUPS else []) \
-        + (decode_rows() if "decode" in GROUPS else [])
+    rows = (fwd_rows() if {"fwd", "fp8"} & set(GROUPS) else []) + (prefix_rows() if "prefix" in GROUPS else []) \
+        + (bwd_rows() if "bwd" in GROUPS else []) + (decode_rows() if "decode" in GROUPS else [])
     out = []
     env = bench.environment(torch.device(DEVICE))
     print(json.dumps(env))

@@ -388,6 +388,47 @@ def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, whe
 
 
 
+def _v_nan_everywhere(v):
+    """One NaN per key position of v (..., keys, 3 KV heads, 16 features): key j in feature j % 16 of KV head
+    (j // 16) % 3, so one call tells whether a NaN at any key reaches every row."""
+    keys = torch.arange(v.shape[-3])
+    v[..., keys, (keys // 16) % 3, keys % 16] = float("nan")
+    return v
+
+
+@pytest.mark.parametrize("tiles", [(16, 32), (32, 16), (16, 16)], ids=str)
+@pytest.mark.parametrize("window", [(-1, 0), (-1, 5), (3, 0)], ids=["causal", "right5", "left3-causal"])
+@pytest.mark.parametrize("seqlens", [(37, 37), (20, 45), (45, 20), (1, 45), "varlen"], ids=str)
+def test_nan_at_every_key_reaches_every_row(device, monkeypatch, tiles, window, seqlens):
+    """The fix-up form of the V NaN rule (the forward's programs share V's key blocks out and mark the NaN
+    features they find): a NaN at every key position -- each in its own feature -- gives the reference's
+    pattern, every row of the KV head's query heads NaN in those features, whatever block a program reads or
+    skips.  GQA 6/3; queries shorter, longer and as long as the keys; causal, a right window wider than causal,
+    a left window; varlen segments with no query rows, no keys, or unequal counts."""
+    _nan_mode(monkeypatch, device, "fixup")
+    real = forward.get_fwd_config
+    monkeypatch.setattr(forward, "get_fwd_config",
+                        lambda *a, **kw: dict(real(*a, **kw), BLOCK_M=tiles[0], BLOCK_N=tiles[1]))
+    torch.manual_seed(6)
+    if seqlens == "varlen":
+        lens_q, lens_k = [20, 0, 37, 5, 9], [30, 6, 37, 0, 4]
+        q, k, v = (torch.randn(sum(n), h, 16, device=device) for n, h in ((lens_q, 6), (lens_k, 3), (lens_k, 3)))
+        cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+        for s in range(len(lens_k)):  # every key of every segment
+            _v_nan_everywhere(v[int(cu_k[s]):int(cu_k[s + 1])])
+        out = fa_amd.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window)
+        ref, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, window_size=window)
+    else:
+        sq, sk = seqlens
+        q, k, v = (torch.randn(2, n, h, 16, device=device) for n, h in ((sq, 6), (sk, 3), (sk, 3)))
+        _v_nan_everywhere(v[1])
+        out = fa_amd.flash_attn_func(q, k, v, window_size=window)
+        ref, _ = attention_ref(q, k, v, window_size=window)
+    assert ref.isnan().any()
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
     """The fix-up's NaN flags are one buffer per stream and thread, kept from call to call (no zero-fill

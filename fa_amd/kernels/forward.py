@@ -244,10 +244,17 @@ def attn_fwd_kernel(
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
     if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
         # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
-        # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program
+        # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program.
+        # Without a left window every program reads the key blocks that the first one does (those below its hi,
+        # min(k_len, BLOCK_M + diag + win_right)), and a NaN in a block that a program reads reaches all its rows
+        # through the P.V dot (a masked probability is 0, and 0 * NaN is NaN): only the blocks past them need
+        # marks (queries after a cached prefix: the prefix's blocks need none)
+        marked_lo = 0
+        if not HAS_LEFT:
+            marked_lo = (tl.minimum(tl.maximum(BLOCK_M + diag + win_right, 0), k_len) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         _v_nan_mark(NanFlags + (b * div_small(tl.num_programs(1), GROUP) + hk).to(tl.int64) * D_ROW, V_head,
-                    pid_m * GROUP + (h - hk * GROUP), tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn, stride_vd,
-                    offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
+                    marked_lo, pid_m * GROUP + (h - hk * GROUP), tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn,
+                    stride_vd, offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)
     if RELOAD_CHUNK:
         q = 0.0  # streamed from memory per key block by _fwd_inner
         q_rows = q_head + offs_m[:, None] * stride_qm
@@ -366,12 +373,13 @@ def _v_nan_tile(V_head, rows, k_len, stride_vn, stride_vd, offs_d, HEAD_DIM: tl.
 
 
 @triton.jit
-def _v_nan_mark(flags, V_head, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d,
+def _v_nan_mark(flags, V_head, first, share, shares, k_len, stride_vn, stride_vd, offs_n, offs_d,
                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
-    """flags[d] |= 1 for every feature d in which V's key blocks share, share + shares, ... hold a NaN: a
-    relaxed atomic per element, issued only by the lanes that hold a NaN (none in the common case).
+    """flags[d] |= 1 for every feature d in which V's key blocks share, share + shares, ... (counted from key
+    `first`, a multiple of BLOCK_N) hold a NaN: a relaxed atomic per element, issued only by the lanes that
+    hold a NaN (none in the common case).
     (Not _v_nan_columns, which walks the blocks alike: its column reduction costs barriers in every program.)"""
-    for n0 in range(share * BLOCK_N, k_len, shares * BLOCK_N):
+    for n0 in range(first + share * BLOCK_N, k_len, shares * BLOCK_N):
         rows = n0 + offs_n
         tl.atomic_or(flags + offs_d[None, :] + 0 * rows[:, None], 1,
                      mask=_v_nan_tile(V_head, rows, k_len, stride_vn, stride_vd, offs_d, HEAD_DIM, FP8),
