@@ -303,16 +303,29 @@ def test_softmax_scale_that_overflows_float32_raises(device):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows to inf, as the GPU does
-@pytest.mark.parametrize("scale,softcap", [(3e38, 5.0), (1e30, 0.0), (1e-30, 0.0)], ids=str)
-def test_extreme_scales_are_right(device, scale, softcap):
+@pytest.mark.parametrize("scale,softcap", [(3e38, 5.0), (1e30, 0.0), (1e-30, 0.0), (1e-46, 0.0), (1e-300, 0.0),
+                                           (1e-300, 5.0)], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_extreme_scales_are_right(device, scale, softcap, causal):
     """A huge scale is fine under softcap (the score is bounded by softcap), and plain scales up to
-    where the scores themselves fit float32 (1e30: hard attention) and tiny ones (uniform) are right."""
-    q, k, v = (randn(1, 13, 2, 16, dtype=torch.float32, device=device, requires_grad=False) for _ in range(3))
-    out = fa_amd.flash_attn_func(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
-    ref, _ = attention_ref(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
+    where the scores themselves fit float32 (1e30: hard attention) and tiny ones (uniform) are right --
+    also below float32's range (1e-46, 1e-300: 0 in the kernels, whose plain path masks the raw scores
+    before scaling them, so -inf * 0 gave NaN rows), forward and, for the small scales, backward too; 13 keys (a
+    masked tile)."""
+    q, k, v = (randn(1, 13, 2, 16, dtype=torch.float32, device=device, requires_grad=True) for _ in range(3))
+    out = fa_amd.flash_attn_func(q, k, v, softmax_scale=scale, softcap=softcap, causal=causal)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref, _ = attention_ref(q64, k64, v64, softmax_scale=scale, softcap=softcap, causal=causal)
     assert torch.isfinite(out).all()
     assert (out.double() - ref).abs().max() < 1e-5
-    record("right", f"softmax_scale={scale}, softcap={softcap}")
+    record("right", f"softmax_scale={scale}, softcap={softcap}, causal={causal}")
+    if scale > 1:  # (hard attention: the gradients scale with softmax_scale)
+        return
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert torch.isfinite(g).all() and (g.double() - r).abs().max() < 1e-5, f"d{name}"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

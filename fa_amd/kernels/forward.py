@@ -48,6 +48,7 @@ from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, dropout_keep,
 # launch), and the forward's epilogue reads a call's rows, NAN_ROWS_PER_LOAD at a time
 NAN_SPLITS_MAX = tl.constexpr(32)
 NAN_ROWS_PER_LOAD = tl.constexpr(8)
+FP32_MIN_NORMAL = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
@@ -239,6 +240,11 @@ def attn_fwd_kernel(
             # (a select, not k_len rounded up to a multiple of stride_vd: no runtime division in the prologue)
             v_len = tl.where(stride_vd >= k_len, tl.where(k_len > 0, stride_vd, 0), k_len)
 
+    if POSITIVE_SCALE:
+        # the plain scores' path masks the raw tile (-inf) before scaling it: a scale that is 0 in fp32 (a zero
+        # descale, a softmax_scale below fp32's range) would make those -inf * 0 = NaN.  At the smallest normal
+        # scale instead every score is ~0 -- the uniform softmax the reference computes -- and -inf stays -inf.
+        qk_scale_log2 = tl.maximum(qk_scale_log2, FP32_MIN_NORMAL, propagate_nan=tl.PropagateNan.ALL)
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh

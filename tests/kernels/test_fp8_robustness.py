@@ -294,6 +294,37 @@ def test_negative_descale_products(device, causal, monkeypatch):
                        torch.tensor([False, False, True, True], device=device))
 
 
+@pytest.mark.parametrize("zero", ["q_descale", "k_descale"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_zero_descales_give_the_uniform_softmax(device, zero, causal):
+    """q_descale or k_descale 0: the real queries or keys are 0, every score is 0 and each row averages the values
+    it sees -- not NaN (the scores' scale is 0 then, and the plain path masks the raw scores before scaling them:
+    -inf * 0).  Dense GQA with a masked key tile (41 keys), varlen with an empty segment, and the KV-cache decode."""
+    torch.manual_seed(6)
+    q8, k8, v8 = _fresh(2, 41, 4, 64, device=device).to(E4M3), *(_fresh(2, 41, 2, 64, device=device).to(E4M3)
+                                                                  for _ in range(2))
+    descales = dict(q_descale=torch.ones(2, 2, device=device), k_descale=torch.ones(2, 2, device=device))
+    descales[zero][1, 0] = 0.0  # batch 1, KV head 0 (query heads 0-1)
+    got = fa_amd.flash_attn_func(q8, k8, v8, causal=causal, out_dtype=torch.float32, **descales)
+    real_q = q8.double() * descales["q_descale"].double().repeat_interleave(2, dim=1)[:, None, :, None]
+    exact, _ = attention_ref(real_q, k8.double() * descales["k_descale"].double()[:, None, :, None], v8.double(),
+                             causal=causal)
+    assert torch.isfinite(got).all()
+    uniform = exact[1, :, :2]  # the zero head: a plain mean of the values each row sees
+    assert (got.double()[1, :, :2] - uniform).abs().max().item() <= 2 ** -6 * uniform.abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= 2 ** -4 * exact.abs().max().item()
+    cu = cu_seqlens([41, 0, 35], device)
+    qv, kv, vv = (torch.cat([x[0], x[1, :35]]) for x in (q8, k8, v8))
+    zero_v = torch.ones(3, 2, device=device)
+    zero_v[2, 1] = 0.0
+    out = fa_amd.flash_attn_varlen_func(qv, kv, vv, cu, cu, 41, 41, causal=causal, out_dtype=torch.float32,
+                                        **{zero: zero_v})
+    assert torch.isfinite(out).all()
+    cache = dict(k_cache=k8, v_cache=v8, cache_seqlens=torch.tensor([41, 30], dtype=torch.int32, device=device))
+    dec = fa_amd.flash_attn_with_kvcache(q8[:, :3], **cache, causal=causal, out_dtype=torch.float32, **descales)
+    assert torch.isfinite(dec).all()
+
+
 # --------------------------------------------------------------------------- descales that require grad
 
 
