@@ -734,7 +734,7 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                  **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
                  nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
                  **({"NAN_FIXUP": True} if nan_fixup else {}),
-                 POSITIVE_SCALE=softmax_scale > 0 and raw_max, **order,
+                 POSITIVE_SCALE=0 < softmax_scale <= tables.FWD_RAW_MAX_SCALE and raw_max, **order,
                  **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})),
             per_cfg=lambda c: dict(EVEN_QK=even and even_qk(varlen, seqlen_q, seqlen_k, (c["BLOCK_M"], c["BLOCK_N"]))))
         if nan_fixup:

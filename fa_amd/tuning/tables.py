@@ -48,6 +48,11 @@ GQA_SPLIT_SUM = {"sm90": "atomic", "cpu": "atomic"}
 # only).  H100 (docs/TUNING_NOTES.md v7): +1-5 % forward TFLOP/s.  Not on AMD until timed there
 # (with it the gfx1100 d64 fp16 causal forward spilled 8 B in the full AOT sweep).
 FWD_RAW_MAX_FAMILIES = ("sm90", "cpu")
+# ... and for softmax_scale up to this only.  The FMA's exp2 argument for a row's max is the rounding residual of
+# max * scale, up to half an ulp of the score: past 2**31 (log2 units) that is >= 128 and the row's exp2 is inf
+# (NaN rows; softmax_scale = 1e30 did that on the H200).  At scales up to 16, |q.k| up to 9e7 stays below it; a
+# larger one, the forward scales the scores first and takes their max (exact 0 for it), as on AMD.
+FWD_RAW_MAX_SCALE = 16.0
 
 # How the deterministic=False backward gets dQ, per arch family: "atomic" adds each dS K tile
 # into an fp32 dQ buffer from the dK/dV programs (5 matmuls per tile pair instead of 7, but the
