@@ -76,6 +76,22 @@ def rnd(*shape, dtype=torch.bfloat16, grad=False):
     return t.requires_grad_(grad)
 
 
+def forward_rows(kind, label, q, k, v, causal, dtypes):
+    """`kind` rows of one shape's forward, in `dtypes`: "bf16" and / or "fp8" (FA3-style inputs, bench.fp8_inputs)."""
+    rows = []
+    if "bf16" in dtypes:
+        rows.append((f"{kind} bf16 {label}", {
+            name: (lambda m=m, q=q, k=k, v=v, c=causal: m.flash_attn_func(q, k, v, causal=c))
+            for name, m in VERSIONS.items()}))
+    if "fp8" in dtypes:
+        q8, k8, v8, descales = bench.fp8_inputs(q, k, v)
+        rows.append((f"{kind} fp8 {label}", {  # (every input bound now: the loop rebinds the names)
+            name: (lambda m=m, c=causal, q8=q8, k8=k8, v8=v8, ds=descales: m.flash_attn_func(q8, k8, v8, causal=c,
+                                                                                             **ds))
+            for name, m in VERSIONS.items()}))
+    return rows
+
+
 def fwd_rows():
     rows = []
     for (b, s, hq, hk, causal) in [(4, 4096, 16, 16, True), (4, 4096, 16, 16, False), (4, 4096, 16, 4, True),
@@ -84,16 +100,8 @@ def fwd_rows():
             b, s = 1, 40
         q, k, v = rnd(b, s, hq, 128), rnd(b, s, hk, 128), rnd(b, s, hk, 128)
         label = f"b{b} s{s} h{hq}/kv{hk} d128 {'causal' if causal else 'full'}"
-        if "fwd" in GROUPS:
-            rows.append((f"fwd bf16 {label}", {
-                name: (lambda m=m, q=q, k=k, v=v, c=causal: m.flash_attn_func(q, k, v, causal=c))
-                for name, m in VERSIONS.items()}))
-        if "fp8" in GROUPS:
-            q8, k8, v8, descales = bench.fp8_inputs(q, k, v)
-            rows.append((f"fwd fp8 {label}", {  # (every input bound now: the loop rebinds the names)
-                name: (lambda m=m, c=causal, q8=q8, k8=k8, v8=v8, ds=descales: m.flash_attn_func(q8, k8, v8, causal=c,
-                                                                                                 **ds))
-                for name, m in VERSIONS.items()}))
+        dtypes = [dtype for dtype, group in (("bf16", "fwd"), ("fp8", "fp8")) if group in GROUPS]
+        rows += forward_rows("fwd", label, q, k, v, causal, dtypes)
     return rows
 
 
@@ -103,13 +111,7 @@ def prefix_rows():
         if DRY_RUN:
             b, sq, sk = 1, 24, 40
         q, k, v = rnd(b, sq, hq, 128), rnd(b, sk, hk, 128), rnd(b, sk, hk, 128)
-        q8, k8, v8, descales = bench.fp8_inputs(q, k, v)
-        label = f"b{b} q{sq} k{sk} h{hq}/kv{hk} d128 causal"
-        rows.append((f"prefix bf16 {label}", {name: (lambda m=m, q=q, k=k, v=v: m.flash_attn_func(q, k, v, causal=True))
-                                               for name, m in VERSIONS.items()}))
-        rows.append((f"prefix fp8 {label}", {
-            name: (lambda m=m, q8=q8, k8=k8, v8=v8, ds=descales: m.flash_attn_func(q8, k8, v8, causal=True, **ds))
-            for name, m in VERSIONS.items()}))
+        rows += forward_rows("prefix", f"b{b} q{sq} k{sk} h{hq}/kv{hk} d128 causal", q, k, v, True, ("bf16", "fp8"))
     return rows
 
 

@@ -251,13 +251,15 @@ def attn_fwd_kernel(
     if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
         # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
         # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program.
-        # Without a left window every program reads the key blocks that the first one does (those below its hi,
-        # min(k_len, BLOCK_M + diag + win_right)), and a NaN in a block that a program reads reaches all its rows
-        # through the P.V dot (a masked probability is 0, and 0 * NaN is NaN): only the blocks past them need
-        # marks (queries after a cached prefix: the prefix's blocks need none)
+        # Without a left window every program reads the key blocks that the first one does (those below its hi),
+        # and a NaN in a block that a program reads reaches all its rows through the P.V dot (a masked
+        # probability is 0, and 0 * NaN is NaN): only the blocks past them need marks (queries after a cached
+        # prefix: the prefix's blocks need none)
         marked_lo = 0
         if not HAS_LEFT:
-            marked_lo = (tl.minimum(tl.maximum(BLOCK_M + diag + win_right, 0), k_len) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+            _, _, _, first_hi = key_ranges(0, q_len, k_len, diag, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                           HAS_RIGHT)
+            marked_lo = (first_hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         _v_nan_mark(NanFlags + (b * div_small(tl.num_programs(1), GROUP) + hk).to(tl.int64) * D_ROW, V_head,
                     marked_lo, pid_m * GROUP + (h - hk * GROUP), tl.cdiv(q_len, BLOCK_M) * GROUP, k_len, stride_vn,
                     stride_vd, offs_n, tl.arange(0, D_ROW), HEAD_DIM, D_ROW, BLOCK_N, FP8)

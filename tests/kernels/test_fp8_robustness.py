@@ -23,7 +23,7 @@ from fa_amd.reference import attention_ref, fp8_dequantize_ref, fp8_quantize_ref
 from fa_amd.tuning import tables
 
 from .helpers import cu_seqlens
-from .test_fp8 import E4M3, _fresh, _quantized, assert_within_emulation
+from .test_fp8 import E4M3, _dequantized, _fresh, _quantized, assert_within_emulation
 
 ON_INTERPRETER = arch.INTERPRET and not arch.LATE_INTERPRET
 interpreter_only = pytest.mark.skipif(not ON_INTERPRETER, reason="checks Triton's CPU interpreter")
@@ -280,8 +280,7 @@ def test_negative_descale_products(device, causal, monkeypatch):
     nan = torch.zeros_like(got, dtype=torch.bool)
     nan[1, :, :2] = True  # batch 1, query heads 0-1 (KV head 0)
     assert torch.equal(got.isnan(), nan)
-    real_q = q8.double() * qd.double().repeat_interleave(2, dim=1)[:, None, :, None]
-    exact, _ = attention_ref(real_q, k8.double() * kd.double()[:, None, :, None], v8.double(), causal=causal)
+    exact, _ = attention_ref(*_dequantized(q8, k8, v8, qd, kd, torch.ones_like(kd)), causal=causal)
     ok = ~nan
     assert (got.double()[ok] - exact[ok]).abs().max().item() <= 2 ** -4 * exact.abs().max().item()
     cu = cu_seqlens([41, 0, 35], device)
@@ -306,9 +305,8 @@ def test_zero_descales_give_the_uniform_softmax(device, zero, causal):
     descales = dict(q_descale=torch.ones(2, 2, device=device), k_descale=torch.ones(2, 2, device=device))
     descales[zero][1, 0] = 0.0  # batch 1, KV head 0 (query heads 0-1)
     got = fa_amd.flash_attn_func(q8, k8, v8, causal=causal, out_dtype=torch.float32, **descales)
-    real_q = q8.double() * descales["q_descale"].double().repeat_interleave(2, dim=1)[:, None, :, None]
-    exact, _ = attention_ref(real_q, k8.double() * descales["k_descale"].double()[:, None, :, None], v8.double(),
-                             causal=causal)
+    exact, _ = attention_ref(*_dequantized(q8, k8, v8, descales["q_descale"], descales["k_descale"],
+                                           torch.ones(2, 2, device=device)), causal=causal)
     assert torch.isfinite(got).all()
     uniform = exact[1, :, :2]  # the zero head: a plain mean of the values each row sees
     assert (got.double()[1, :, :2] - uniform).abs().max().item() <= 2 ** -6 * uniform.abs().max().item()
