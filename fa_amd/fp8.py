@@ -20,7 +20,7 @@ costs the FP8 forward 11 % (docs/TUNING_NOTES.md v25).
   nheads_k, d, seqlen) tensor is used as it is.
 * `flash_attn_with_kvcache` with FP8 `k_cache` / `v_cache` (and paged `flash_attn_varlen_func`
   with FP8 pages): the split-KV decode kernel's FP8 path (kernels/decode.py); the rules are
-  `kvcache_fp8_args`'s.
+  `kvcache_fp8_args`'s.  Its descales are taken as they are, of either sign: it has no raw-max path.
 * `flash_attn_fp8_func`, `flash_attn_varlen_fp8_func`, `flash_attn_qkvpacked_fp8_func`,
   `flash_attn_varlen_qkvpacked_fp8_func`: fp16 / bf16 / fp32 inputs with the signatures
   of their high-precision siblings, quantised inside to the arch's FP8 type with one
@@ -203,8 +203,9 @@ def kvcache_fp8_args(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale,
     in the kernel; q_descale must be left out); new k and v are both FP8 of the caches' type (stored as
     they are: already scaled by k_descale / v_descale) or both high-precision (quantised on append:
     fp8(clamp(x / descale)), saturating at the type's max, as vLLM writes its FP8 caches).  Descales:
-    fp32 (batch, nheads_k), default 1, > 0.  Output: out_dtype, default bfloat16 for an FP8 q (as FA3)
-    and q's dtype for a high-precision q."""
+    fp32 (batch, nheads_k), default 1, taken as they are: unlike the prefill forward (`_score_descale`), the
+    decode kernel computes a negative q_descale * k_descale exactly (it takes no raw-score max).  Output:
+    out_dtype, default bfloat16 for an FP8 q (as FA3) and q's dtype for a high-precision q."""
     kc_name, vc_name = cache_names
     named = ((q_name, q), (kc_name, k_cache), (vc_name, v_cache), (new_names[0], k), (new_names[1], v))
     for name, x in named[:3]:

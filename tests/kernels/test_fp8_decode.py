@@ -275,6 +275,38 @@ def test_fp8_paged_varlen(device, q_kind):
     assert_within_emulation("out", out, ref, emu, out_dtype)
 
 
+def test_fp8_kvcache_takes_negative_descales_as_they_are(device):
+    """The decode kernel's FP8 path takes every descale as it is, a negative one too: the real values are
+    x8 * descale, and the kernel has no raw-max path that a negative score scale would break (that is the
+    prefill forward's, which refuses or NaNs a negative q_descale * k_descale).  Dense cache with an
+    append and paged varlen, GQA 2:1, several query tokens, causal and not: the outputs match float64
+    attention of the dequantised values within P's rounding to FP8, and no row is NaN (audit 2026-11-29)."""
+    fp8 = _fp8(device)
+    gen = torch.Generator().manual_seed(5)
+    b, sq, hq, hk, d, cap, lens = 2, 5, 4, 2, 32, 16, [9, 14]
+    q8, k8, v8 = (_rnd(gen, *shape, device=device).to(fp8) for shape in
+                  ((b, sq, hq, d), (b, cap, hk, d), (b, cap, hk, d)))
+    qd = torch.tensor([[1.0, 0.5], [-1.5, 2.0]], device=device)  # (batch 1, KV head 0): a negative score scale
+    kd = torch.tensor([[0.7, -0.4], [0.9, 1.1]], device=device)  # (batch 0, KV head 1): the other sign's way
+    vd = torch.tensor([[1.3, -2.0], [0.6, 1.0]], device=device)  # a negated output
+    q64 = fp8_dequantize_ref(q8, qd.repeat_interleave(hq // hk, dim=1))
+    k64, v64 = _deq(k8, kd), _deq(v8, vd)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    block_table = torch.arange(b, dtype=torch.int32, device=device).view(b, 1)
+    for causal in (False, True):
+        exact, _, _, _ = attention_kvcache_ref(q64, k64, v64, cache_seqlens=seqlens, causal=causal)
+        bound = 2 ** -3 * exact.abs().max().item()  # P rounded to e4m3 for the P.V dot (2^-4 relative per element)
+        out = fa_amd.flash_attn_with_kvcache(q8, k8.clone(), v8.clone(), cache_seqlens=seqlens, causal=causal,
+                                             q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=torch.float32)
+        assert not out.isnan().any() and (out.double() - exact).abs().max().item() <= bound, ("kvcache", causal)
+        paged = fa_amd.flash_attn_varlen_func(q8.flatten(0, 1), k8, v8, cu_seqlens([sq] * b, device),
+                                              cu_seqlens(lens, device), sq, max(lens), causal=causal,
+                                              block_table=block_table, q_descale=qd, k_descale=kd, v_descale=vd,
+                                              out_dtype=torch.float32)
+        assert not paged.isnan().any(), ("paged", causal)
+        assert (paged.double().view(exact.shape) - exact).abs().max().item() <= bound, ("paged", causal)
+
+
 # --------------------------------------------------------------------------- bad input
 
 def test_fp8_kvcache_bad_input(device):
