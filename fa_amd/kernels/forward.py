@@ -321,10 +321,11 @@ def attn_fwd_kernel(
             HAS_RIGHT, HAS_DROPOUT, INPUT_PRECISION, RELOAD_CHUNK, POSITIVE_SCALE, FP8, D_HI, EVEN_QK)
 
     empty_row = l_i == 0.0
+    row_sum = tl.where(empty_row, 1.0, l_i)
     # one reciprocal per row, with dropout's and V's scales folded in: a division per element is ~4 FMUL / FSEL
     # (div.full's range handling) on sm90.  l_i of a row that sees a key is >= 1 (its max term is exp2(0)), so
     # 1 / l_i is a normal float
-    row_scale = 1.0 / tl.where(empty_row, 1.0, l_i)
+    row_scale = 1.0 / row_sum
     if HAS_DROPOUT:
         row_scale = row_scale * keep_scale
     if FP8:
@@ -345,7 +346,7 @@ def attn_fwd_kernel(
             out_hi = tl.where(_v_nan_flagged(flag_head, nan_splits, offs_dh, D_ROW, D_HI)[None, :] != 0, float("nan"),
                               out_hi)
     # flash-attn convention: a row that sees no key has output 0 and lse +inf
-    lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(tl.where(empty_row, 1.0, l_i))) * LN2)
+    lse = tl.where(empty_row, float("inf"), (m_i + tl.log2(row_sum)) * LN2)
     o_head = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_om + h.to(tl.int64) * stride_oh
     store_cols_t(o_head + offs_m[:, None] * stride_om, offs_m[:, None] < q_len, offs_d[None, :], out, HEAD_DIM, D_PAD,
                  not EVEN_QK, False)
