@@ -355,11 +355,16 @@ def test_large_softcap_is_accurate(device, softcap, dtype):
 
 
 def _nan_mode(monkeypatch, device, mode):
-    """Where masked forwards find V's NaNs on this device: marked inside the kernel and written by a
-    fix-up launch after it ("fixup") or a pass before it ("pass")."""
+    """Where masked forwards find V's NaNs on this device: found inside the kernel as the tables say (read off
+    the last query block's output without a left window where tables.FWD_NAN_FROM_OUT_FAMILIES lists the
+    family, else marked by the programs that read V's blocks) and written by a fix-up launch after it
+    ("fixup"); always marked by the programs ("marks"); or found by a pass before it ("pass")."""
     family = tuning.family_of(arch_for(torch.empty(0, device=device)))
     others = tuple(f for f in tables.FWD_NAN_FIXUP_FAMILIES if f != family)
-    monkeypatch.setattr(tables, "FWD_NAN_FIXUP_FAMILIES", others + ((family,) if mode == "fixup" else ()))
+    monkeypatch.setattr(tables, "FWD_NAN_FIXUP_FAMILIES", others + ((family,) if mode != "pass" else ()))
+    if mode == "marks":
+        monkeypatch.setattr(tables, "FWD_NAN_FROM_OUT_FAMILIES",
+                            tuple(f for f in tables.FWD_NAN_FROM_OUT_FAMILIES if f != family))
 
 
 def _nan_pattern_case(device, where, row, causal, window, varlen):
@@ -385,7 +390,7 @@ def _nan_pattern_case(device, where, row, causal, window, varlen):
     ("q", 7, False, (4, 2), False),
     ("v", 30, True, (-1, -1), True),    # varlen: only its own sequence
 ])
-@pytest.mark.parametrize("nan_mode", ["fixup", "pass"])
+@pytest.mark.parametrize("nan_mode", ["fixup", "marks", "pass"])
 def test_nan_pattern_matches_reference(device, monkeypatch, nan_mode, tiles, where, row, causal, window, varlen):
     """A NaN anywhere in q/k/v gives the reference's NaN pattern (which SDPA shares: masked
     probabilities times a NaN value are NaN), whatever the tile sizes, with V's NaNs marked inside the
@@ -412,13 +417,15 @@ def _v_nan_everywhere(v):
 @pytest.mark.parametrize("tiles", [(16, 32), (32, 16), (16, 16)], ids=str)
 @pytest.mark.parametrize("window", [(-1, 0), (-1, 5), (3, 0)], ids=["causal", "right5", "left3-causal"])
 @pytest.mark.parametrize("seqlens", [(37, 37), (20, 45), (45, 20), (1, 45), "varlen"], ids=str)
-def test_nan_at_every_key_reaches_every_row(device, monkeypatch, tiles, window, seqlens):
+@pytest.mark.parametrize("nan_mode", ["fixup", "marks"])
+def test_nan_at_every_key_reaches_every_row(device, monkeypatch, nan_mode, tiles, window, seqlens):
     """The fix-up form of the V NaN rule (the forward's programs share V's key blocks out and mark the NaN
     features they find): a NaN at every key position -- each in its own feature -- gives the reference's
     pattern, every row of the KV head's query heads NaN in those features, whatever block a program reads or
     skips.  GQA 6/3; queries shorter, longer and as long as the keys; causal, a right window wider than causal,
-    a left window; varlen segments with no query rows, no keys, or unequal counts."""
-    _nan_mode(monkeypatch, device, "fixup")
+    a left window; varlen segments with no query rows, no keys, or unequal counts.  Both ways of finding them
+    without a left window: off the last query block's output, and marks by the programs."""
+    _nan_mode(monkeypatch, device, nan_mode)
     real = forward.get_fwd_config
     monkeypatch.setattr(forward, "get_fwd_config",
                         lambda *a, **kw: dict(real(*a, **kw), BLOCK_M=tiles[0], BLOCK_N=tiles[1]))
@@ -442,13 +449,47 @@ def test_nan_at_every_key_reaches_every_row(device, monkeypatch, tiles, window, 
     assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16)], ids=str)
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("nan_mode", ["fixup", "marks"])
+def test_v_nan_behind_rows_that_are_nan_everywhere(device, monkeypatch, nan_mode, varlen, tiles):
+    """A NaN value that causal masking hides from the early rows, in a sequence whose last query block's rows are
+    all NaN in every feature (a NaN key that only they see): that block's output cannot show which features V's
+    NaNs are in, so the fix-up form reads V for them there.  GQA 2/1; the reference's NaN pattern (a NaN feature
+    in every row, whole NaN rows after the key), the numbers elsewhere right.  The varlen case has a segment
+    whose last block is one such row (16-row tiles) or whose rows are not all NaN (32-row tiles)."""
+    _nan_mode(monkeypatch, device, nan_mode)
+    real = forward.get_fwd_config
+    monkeypatch.setattr(forward, "get_fwd_config",
+                        lambda *a, **kw: dict(real(*a, **kw), BLOCK_M=tiles[0], BLOCK_N=tiles[1]))
+    torch.manual_seed(8)
+    if varlen:
+        lens = [23, 17]
+        q, k, v = (torch.randn(sum(lens), h, 16, device=device) for h in (2, 1, 1))
+        k[23 + 16, 0, 5] = float("nan")  # the second segment's last row alone sees it
+        v[23 + 16, 0, 3] = float("nan")  # (no earlier program of 16 rows reads it)
+        cu = cu_seqlens(lens, device)
+        out = fa_amd.flash_attn_varlen_func(q, k, v, cu, cu, 23, 23, causal=True)
+        ref, _ = attention_varlen_ref(q, k, v, cu, cu, causal=True)
+    else:
+        q, k, v = (torch.randn(1, 40, h, 16, device=device) for h in (2, 1, 1))
+        k[0, 32, 0, 5] = float("nan")  # rows 32..39 (the last query block of either tile) see it, no earlier one
+        v[0, 35, 0, 3] = float("nan")
+        out = fa_amd.flash_attn_func(q, k, v, causal=True)
+        ref, _ = attention_ref(q, k, v, causal=True)
+    assert ref[-17:, :, 3].isnan().all() if varlen else ref[..., 3].isnan().all()
+    assert torch.equal(out.isnan(), ref.isnan()), f"{int(out.isnan().sum())} NaN vs {int(ref.isnan().sum())}"
+    assert (out.double() - ref)[~ref.isnan()].abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_nan_flags_are_clear_for_the_next_call(device, monkeypatch, varlen):
     """The fix-up's NaN flags are one buffer per stream and thread, kept from call to call (no zero-fill
     launch): after a call whose V holds a NaN, the fix-up leaves them zero, so the next calls -- the same
     shape (a replayed launch plan on the GPU), a smaller one and a larger one -- are NaN-free and right;
-    a call that stops after its forward kernel ran, or whose fix-up fails, leaves no marked buffer behind."""
-    _nan_mode(monkeypatch, device, "fixup")
+    a call that stops after its forward kernel ran, or whose fix-up fails, leaves no marked buffer behind.
+    (The form whose programs mark V's NaNs: the one with a buffer.)"""
+    _nan_mode(monkeypatch, device, "marks")
     monkeypatch.setattr(forward, "_NAN_FLAGS", {})
     monkeypatch.setattr(forward, "_RETIRED_NAN_FLAGS", [])
     out, ref = _nan_pattern_case(device, "v", 33, True, (-1, -1), varlen)

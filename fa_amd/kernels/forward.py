@@ -182,7 +182,7 @@ def attn_fwd_kernel(
     POSITIVE_SCALE: tl.constexpr,
     Sinks=None, HAS_SINKS: tl.constexpr = False, D_HI: tl.constexpr = 0, NAN_FIXUP: tl.constexpr = False,
     pairs_per_group=1, GROUPED_ORDER: tl.constexpr = False, Q_DESCALE_PER_KV_HEAD: tl.constexpr = False,
-    EVEN_QK: tl.constexpr = False, FWD_MERGED_EDGES: tl.constexpr = 0,
+    EVEN_QK: tl.constexpr = False, FWD_MERGED_EDGES: tl.constexpr = 0, NAN_FROM_OUT: tl.constexpr = False,
 ):
     # EVEN_QK: every sequence's query and key counts are whole multiples of the tiles (launch.even_qk): the
     # diagonal's key blocks load without bounds, q, out and lse without row bounds
@@ -248,7 +248,9 @@ def attn_fwd_kernel(
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-    if NAN_FIXUP and (HAS_LEFT or HAS_RIGHT):
+    # NAN_FROM_OUT without a left window: v_nan_fixup_kernel reads V's NaN features off the last query block's
+    # output (_v_nan_features_from_out), and no program marks (tables.FWD_NAN_FROM_OUT_FAMILIES)
+    if (NAN_FIXUP and (HAS_LEFT or HAS_RIGHT)) and not (NAN_FROM_OUT and not HAS_LEFT):
         # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
         # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program.
         # Without a left window every program reads the key blocks that the first one does (those below its hi),
@@ -399,28 +401,74 @@ def _v_nan_mark(flags, V_head, first, share, shares, k_len, stride_vn, stride_vd
 
 @triton.jit
 def v_nan_fixup_kernel(Out, NanFlags, cu_seqlens_q, seqlen_q, total_q, stride_ob, stride_om, stride_oh, GROUP,
-                       HEAD_DIM: tl.constexpr, D_ROW: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, D_ROW: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+                       FROM_OUT: tl.constexpr = False, FWD_BLOCK_M: tl.constexpr = 1, OUT_ROWS: tl.constexpr = 1,
+                       V=None, cu_seqlens_k=None, seqlen_k=0, total_k=0, stride_vb=0, stride_vn=0, stride_vh=0,
+                       stride_vd=1, BLOCK_N: tl.constexpr = 16):
     """After a NAN_FIXUP forward: NaN into feature d of every row of every query head of (sequence, KV head)
-    where the forward's programs marked a NaN of V (NanFlags[b, hk, d], zero before the forward), and the
-    marks it read set back to zero."""
+    where V holds a NaN in feature d -- marked by the forward's programs (NanFlags[b, hk, d], zero before the
+    forward; the marks it read set back to zero), or with FROM_OUT (a forward without a left window whose
+    programs mark nothing) read off the output of the forward's last query block (FWD_BLOCK_M rows:
+    _v_nan_features_from_out)."""
     hk = tl.program_id(0)
     b = tl.program_id(1)
     offs_d = tl.arange(0, D_ROW)
-    flag_row = NanFlags + (b * tl.num_programs(0) + hk).to(tl.int64) * D_ROW + offs_d
-    nan_cols = tl.load(flag_row)
-    if tl.max(nan_cols, 0) != 0:
-        tl.store(flag_row, tl.zeros([D_ROW], dtype=tl.int32))  # (all zero again for the next forward: kept_nan_flags)
-        q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q,
+    offs_r = tl.arange(0, BLOCK_M)
+    q_start, q_len, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, total_q, total_q,
+                                      IS_VARLEN)
+    o_seq = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_om
+    if FROM_OUT:
+        _, _, k_start, k_len = seq_bounds(cu_seqlens_k, cu_seqlens_k, b, seqlen_k, seqlen_k, total_k, total_k,
                                           IS_VARLEN)
+        V_head = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
+        nan_cols = _v_nan_features_from_out(o_seq, hk, GROUP, q_len, stride_om, stride_oh, V_head, k_len, stride_vn,
+                                            stride_vd, offs_d, HEAD_DIM, D_ROW, FWD_BLOCK_M, OUT_ROWS, BLOCK_N)
+    else:
+        flag_row = NanFlags + (b * tl.num_programs(0) + hk).to(tl.int64) * D_ROW + offs_d
+        nan_cols = tl.load(flag_row)
+    if tl.max(nan_cols, 0) != 0:
+        if not FROM_OUT:
+            tl.store(flag_row, tl.zeros([D_ROW], dtype=tl.int32))  # (all zero again for the next forward: kept_nan_flags)
         nan_tile = tl.full([BLOCK_M, D_ROW], float("nan"), tl.float32).to(Out.dtype.element_ty)
-        offs_r = tl.arange(0, BLOCK_M)
-        o_seq = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_om
         for g in range(0, GROUP):
             o_head = o_seq + (hk * GROUP + g).to(tl.int64) * stride_oh
             for r0 in range(0, q_len, BLOCK_M):
                 rows = r0 + offs_r
                 tl.store(o_head + rows[:, None] * stride_om + offs_d[None, :], nan_tile,
                          mask=(rows[:, None] < q_len) & (nan_cols[None, :] != 0) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _v_nan_features_from_out(o_seq, hk, GROUP, q_len, stride_om, stride_oh, V_head, k_len, stride_vn, stride_vd,
+                             offs_d, HEAD_DIM: tl.constexpr, D_ROW: tl.constexpr, FWD_BLOCK_M: tl.constexpr,
+                             OUT_ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int32 [D_ROW]: nonzero for every feature in which V (k_len keys) holds a NaN, read off the output rows of the
+    forward's last query block (FWD_BLOCK_M rows, OUT_ROWS per load) of a query head of KV head hk.  Without a left
+    window that program took every key block into every one of its rows, each value times its probability (0
+    where masked), so a NaN in feature d of any value made feature d NaN in all its rows; a NaN in q or k makes
+    whole rows NaN, every feature.  So in a head whose block has a number anywhere (the first one, unless NaNs in
+    q or k fill it), the features NaN in every row are V's.  When every head's block is NaN throughout, V is read
+    for its NaNs."""
+    last0 = tl.maximum(q_len - 1, 0) // FWD_BLOCK_M * FWD_BLOCK_M
+    offs_r = tl.arange(0, OUT_ROWS)
+    nan_cols = tl.zeros([D_ROW], dtype=tl.int32)
+    read = 0  # whether a head's block had a number
+    for g in range(0, GROUP):
+        if read == 0:
+            o_head = o_seq + (hk * GROUP + g).to(tl.int64) * stride_oh
+            all_rows = tl.full([D_ROW], 1, tl.int32)
+            for r0 in range(last0, q_len, OUT_ROWS):
+                rows = r0 + offs_r
+                o = tl.load(o_head + rows[:, None] * stride_om + offs_d[None, :],
+                            mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=float("nan"))
+                all_rows = tl.minimum(all_rows, tl.min((o != o).to(tl.int32), 0))
+            if tl.min(all_rows, 0) == 0:  # (padding features and rows count as NaN here)
+                nan_cols = all_rows
+                read = 1
+    if (read == 0) & (q_len > 0):
+        nan_cols = _v_nan_columns(V_head, 0, 1, k_len, stride_vn, stride_vd, tl.arange(0, BLOCK_N), offs_d, HEAD_DIM,
+                                  D_ROW, BLOCK_N, V_head.dtype.element_ty.is_fp8()).to(tl.int32)
+    return tl.where(offs_d < HEAD_DIM, nan_cols, 0)
 
 
 @triton.jit
@@ -638,7 +686,7 @@ def attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                     dropout_p, softmax_scale, window_left, window_right, softcap, rng_state is None, out_dtype,
                     None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride()),
                     None if descales is None else tuple((x.shape, x.stride()) for x in descales),
-                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES,
+                    tables.SHORT_SEQLEN_K, tables.FWD_NAN_FIXUP_FAMILIES, tables.FWD_NAN_FROM_OUT_FAMILIES,
                     tables.HEAD_DIM_SPLIT_FAMILIES, tables.EVEN_QK_FAMILIES, tables.EVEN_QK_FP8_FAMILIES,
                     get_fwd_config,
                     launch,
@@ -716,14 +764,19 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     descale_args = _descale_args(descales, q, hq)
     # masks skip key blocks: NaN flags of V, so every row meets a NaN in V as in the reference -- from
     # a pass over V before the forward, or (tables.FWD_NAN_FIXUP_FAMILIES) marked inside it and written
-    # by v_nan_fixup_kernel after it
+    # by v_nan_fixup_kernel after it; without a left window (tables.FWD_NAN_FROM_OUT_FAMILIES) the fix-up finds
+    # them in the last query block's output instead, and the forward marks nothing
     nan_fixup = nan_flags = None
+    nan_from_out = False
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
         nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES
-        if nan_fixup:
+        # (the interpreter's FP8 widening turns NaNs into numbers before the P.V dot: FP8 marks there)
+        nan_from_out = nan_fixup and not flags["HAS_LEFT"] and family_of(arch) in tables.FWD_NAN_FROM_OUT_FAMILIES \
+            and not (fp8 and arch.backend == "interpreter")
+        if nan_fixup and not nan_from_out:
             # (d_pad: the kernel's D_ROW, both chunks of a split head dim)
             nan_flags = kept_nan_flags(q, (batch, hk, d_pad))
-        else:
+        elif not nan_fixup:
             nan_flags = v_nan_flags(v, cu_k, varlen, batch, hk, d, d_pad, seqlen_k, max_seqlen_k)
     group_size = program_group(arch, "fwd", d_lo + d_hi, triton.cdiv(max_seqlen_q, cfg["BLOCK_M"]), flags["HAS_RIGHT"],
                                fp8)
@@ -731,25 +784,33 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     even = family_of(arch) in (tables.EVEN_QK_FP8_FAMILIES if fp8 else tables.EVEN_QK_FAMILIES)
     try:
         # varlen: one more program row (batch index `batch`) writes the tokens past cu_seqlens_q[-1]
-        launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
+        used = launch(attn_fwd_kernel, cfg, grid_blocks(max_seqlen_q, "BLOCK_M"), (hq, batch + varlen), (
             q, k, v, out, lse, cu_q, cu_k, seqlen_q, seqlen_k,
             *row_strides(q, varlen), *row_strides(k, varlen), *row_strides(v, varlen), v.stride(-1),
             *row_strides(out, varlen), *lse_strides(lse, varlen)),
             dict(keep_scale=keep_scale, **descale_args, **scalars, **dict(common, D_PAD=d_lo),
                  **({"D_HI": d_hi} if d_hi else {}), NanFlags=q if nan_flags is None else nan_flags,
                  nan_splits=0 if nan_flags is None or nan_fixup else nan_flags.shape[2],
-                 **({"NAN_FIXUP": True} if nan_fixup else {}),
+                 **({"NAN_FIXUP": True} if nan_fixup else {}), **({"NAN_FROM_OUT": True} if nan_from_out else {}),
                  POSITIVE_SCALE=0 < softmax_scale <= tables.FWD_RAW_MAX_SCALE and raw_max, **order,
                  **(dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {})),
             per_cfg=lambda c: dict(EVEN_QK=even and even_qk(varlen, seqlen_q, seqlen_k, (c["BLOCK_M"], c["BLOCK_N"]))))
         if nan_fixup:
             nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
             jit_launch(v_nan_fixup_kernel, (hk, batch), (
-                out, nan_flags, cu_q, seqlen_q, common["total_q"], *row_strides(out, varlen)),
+                out, out if nan_flags is None else nan_flags, cu_q, seqlen_q, common["total_q"],
+                *row_strides(out, varlen)),
                 dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
-                     IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"]))
+                     IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"],
+                     # (the last query block's rows in loads of <= 8192 elements)
+                     **(dict(FROM_OUT=True, FWD_BLOCK_M=used["BLOCK_M"],
+                             OUT_ROWS=min(used["BLOCK_M"], max(1, 8192 // d_pad)), V=v, cu_seqlens_k=cu_k, seqlen_k=seqlen_k,
+                             total_k=common["total_k"], **dict(zip(("stride_vb", "stride_vn", "stride_vh"),
+                                                                     row_strides(v, varlen))),
+                             **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}),
+                             BLOCK_N=max(16, nan_cfg["BLOCK_ELEMENTS"] // d_pad)) if nan_from_out else {})))
     except BaseException:
-        if nan_fixup:
+        if nan_fixup and not nan_from_out:
             forget_nan_flags(q)  # (kept flags: the forward may have left marks that no fix-up cleared)
         raise
     if return_probs:

@@ -96,6 +96,19 @@ BWD_DELTA_IN_DQ_FAMILIES = ("sm90", "cpu")
 # 68 B at d64 causal under 3.2 (gfx908 / gfx942 / gfx950; docs/AOT.md, "The V NaN fix-up on AMD").  sm80 keeps the
 # pass (untimed, unchecked).  "cpu" (the interpreter) marks, so CI tests this path; the tests switch to the pass too.
 FWD_NAN_FIXUP_FAMILIES = ("sm90", "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "cpu")
+# Families of FWD_NAN_FIXUP_FAMILIES whose masked forwards without a left window mark nothing while they run: the
+# forward's last query block read every key block into every one of its rows, so the fix-up launch finds V's NaN
+# features in that block's output -- the features NaN in every row of a head whose block holds a number (a NaN in
+# q or k makes whole rows NaN); where none does, the fix-up reads V (forward._v_nan_features_from_out).  The
+# marks' share-out before the key loop cost every causal forward, in its prologue and in ptxas's schedule of the
+# key loop (the same loop instructions, ~7 % fewer cycles per FP8 block without the marks' code in the kernel).
+# NVIDIA H200, triton 3.6, d128 causal, forward kernel span in SM cycles, median per-round change over 7 rounds
+# (.ci/fwd_timeline.py, TUNING_NOTES v43): b4 s4k h16 FP8 -10.5 %, bf16 -4.8 %; h16/kv4 FP8 -5.8 %, bf16 -1.2 %;
+# b2 s8k FP8 -9.3 %, bf16 -2.6 %; the fix-up launch 2.8-3.3 us (torch profiler).  Windows with a left edge keep
+# the marks.  "cpu": not for FP8 (the interpreter turns FP8 NaNs into numbers when it widens them, so they never
+# reach the P.V dot there: _attention_forward keeps the marks); AMD: untimed, and whether its MFMA FP8 / bf16
+# products keep 0 * NaN = NaN is unchecked on hardware.
+FWD_NAN_FROM_OUT_FAMILIES = ("sm90", "cpu")
 # The causal kernels' program order (kernels/blocks.grouped_program_ids): (batch, head) pairs run in groups of
 # G = T // (programs per pair), clamped to [1, PROGRAM_GROUP_MAX]; each group's heavy programs (the forward's late
 # query blocks, the backward's early key blocks) start before its light ones, so the light ones fill the last
