@@ -19,15 +19,15 @@ own counters show): steadier than microseconds while the clock moves between pow
 import importlib
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fa_amd import bench  # noqa: E402
+from tree_copy import copy_fa_amd  # noqa: E402
 
 FIELDS = 8  # per program: gt0, clk0, clk1, clk2, clk3, gt3, smid, key blocks
 
@@ -75,18 +75,8 @@ _TIMELINE = [None]
 
 
 def load_patched(name, tree):
-    root = tempfile.mkdtemp(prefix="tl_")
     pkg = f"fa_amd_tl_{name}"
-    dst = os.path.join(root, pkg)
-    shutil.copytree(os.path.join(tree, "fa_amd"), dst)
-    for folder, _, files in os.walk(dst):
-        for name in files:
-            if name.endswith(".py"):
-                file = os.path.join(folder, name)
-                with open(file) as f:
-                    text = f.read()
-                with open(file, "w") as f:
-                    f.write(text.replace('"fa_amd::', f'"{pkg}::'))
+    dst = copy_fa_amd(tree, pkg)
     fwd = os.path.join(dst, "kernels", "forward.py")
     with open(fwd) as f:
         text = f.read()
@@ -102,7 +92,6 @@ def load_patched(name, tree):
     text = text.replace('if not return_probs and sinks is None and q.device.type != "cpu":', "if False:", 1)
     with open(fwd, "w") as f:
         f.write(text)
-    sys.path.insert(0, root)
     return importlib.import_module(pkg), importlib.import_module(f"{pkg}.kernels.forward")
 
 

@@ -21,14 +21,13 @@ this tree's time: the steadier figure) and JSON lines to $OUT/twin_ab.json when 
 import importlib
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DRY_RUN = os.environ.get("DRY_RUN") == "1"
 ROUNDS = int(os.environ.get("ROUNDS", 7))
@@ -38,21 +37,8 @@ DEVICE = "cpu" if DRY_RUN else "cuda"
 
 def load_twin(path: str):
     """TWIN's fa_amd package imported as fa_amd_twin (its torch.library ops in the fa_amd_twin namespace)."""
-    src = os.path.join(path, "fa_amd")
-    if not os.path.isdir(src):
-        raise SystemExit(f"TWIN={path} has no fa_amd/ folder")
-    root = tempfile.mkdtemp(prefix="twin_")
-    dst = os.path.join(root, "fa_amd_twin")
-    shutil.copytree(src, dst)
-    for folder, _, files in os.walk(dst):
-        for name in files:
-            if name.endswith(".py"):
-                file = os.path.join(folder, name)
-                with open(file) as f:
-                    text = f.read()
-                with open(file, "w") as f:
-                    f.write(text.replace('"fa_amd::', '"fa_amd_twin::'))
-    sys.path.insert(0, root)
+    from tree_copy import copy_fa_amd
+    copy_fa_amd(path, "fa_amd_twin")
     return importlib.import_module("fa_amd_twin")
 
 

@@ -41,3 +41,19 @@ def test_family_ab_scripts_switch_their_table(script, table, routes):
     on, off = routes
     assert "cpu" in seen[on] and "cpu" not in seen[off]
     assert f"| {on} | {off} |" in res.stdout
+
+
+@pytest.mark.cpu_only
+def test_fwd_timeline_patches_this_forward():
+    """.ci/fwd_timeline.py patches attn_fwd_kernel by anchors in its source: they must all still be found, so a GPU
+    call does not fail on an edit of the forward (the patched copy imports under its own name)."""
+    code = (f"import runpy, sys; sys.path.insert(0, {ROOT!r})\n"
+            f"m = runpy.run_path({os.path.join(ROOT, '.ci', 'fwd_timeline.py')!r})\n"
+            f"mod, fwd = m['load_patched']('ci', {ROOT!r})\n"
+            "text = open(fwd.__file__).read()\n"
+            "assert text.count('Timeline') == 7 and 'Timeline=_TIMELINE[0]' in text\n"
+            "print('PATCHED', mod.__name__)\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "PATCHED fa_amd_tl_ci" in res.stdout

@@ -129,12 +129,15 @@ def test_cuda_graph_dropout_replays_fresh_masks():
     assert torch.isfinite(first).all() and torch.isfinite(second).all()
 
 
-def test_cuda_graph_nan_flags_replay_and_eager_calls(monkeypatch):
+@pytest.mark.parametrize("from_out", [True, False], ids=["from_out", "marks"])
+def test_cuda_graph_nan_flags_replay_and_eager_calls(monkeypatch, from_out):
     """A masked forward captured in a CUDA graph (its NaN flags captured with their zero-fill, not the kept
-    per-stream buffer): replays with a NaN in V, then without, give the reference's NaN pattern each time,
-    and eager calls between the replays (the kept flags of this stream) stay NaN-free."""
+    per-stream buffer; or, from_out, found in the last query block's output by the fix-up): replays with a NaN
+    in V, then without, give the reference's NaN pattern each time; eager calls between the replays (the kept
+    flags of this stream; launch plans replayed) give it too, and stay NaN-free with a clean V."""
     family = forward.family_of(forward.arch_for(torch.empty(0, device="cuda")))
     monkeypatch.setattr(forward.tables, "FWD_NAN_FIXUP_FAMILIES", (family,))
+    monkeypatch.setattr(forward.tables, "FWD_NAN_FROM_OUT_FAMILIES", (family,) if from_out else ())
     monkeypatch.setattr(forward, "_NAN_FLAGS", {})
     q, k, v = dense_qkv("cuda", torch.bfloat16, 2, 300, 300, 4, 2, 128)
     q, k, v = q.detach(), k.detach(), v.detach()
@@ -166,6 +169,7 @@ def test_cuda_graph_nan_flags_replay_and_eager_calls(monkeypatch):
             expect[1, :, 2:4, 7] = True  # every row of both query heads of KV head 1, feature 7
         assert torch.equal(got.isnan(), expect)
         assert not eager.isnan().any()
+        assert torch.equal(fa_amd.flash_attn_func(q, k, v, causal=True).isnan(), expect)
         ref = fa_amd.flash_attn_func(q, k, clean, causal=True)
         assert torch.equal(got[~expect], ref[~expect]) if with_nan else torch.equal(got, ref)
     assert all(not buf.any() for buf in forward._NAN_FLAGS.values())
