@@ -248,9 +248,10 @@ def attn_fwd_kernel(
     q_head = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qm + h.to(tl.int64) * stride_qh
     K_head = K + b64 * stride_kb + k_start.to(tl.int64) * stride_kn + hk.to(tl.int64) * stride_kh
     V_head = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vn + hk.to(tl.int64) * stride_vh
-    # NAN_FROM_OUT without a left window: v_nan_fixup_kernel reads V's NaN features off the last query block's
-    # output (_v_nan_features_from_out), and no program marks (tables.FWD_NAN_FROM_OUT_FAMILIES)
-    if (NAN_FIXUP and (HAS_LEFT or HAS_RIGHT)) and not (NAN_FROM_OUT and not HAS_LEFT):
+    # NAN_FROM_OUT (no left window): v_nan_fixup_kernel reads V's NaN features off the last query block's output
+    # (_v_nan_features_from_out), and no program marks (tables.FWD_NAN_FROM_OUT_FAMILIES)
+    tl.static_assert(not (NAN_FROM_OUT and HAS_LEFT))
+    if (NAN_FIXUP and (HAS_LEFT or HAS_RIGHT)) and not NAN_FROM_OUT:
         # mark V's NaN features (relaxed, only lanes that see one); v_nan_fixup_kernel,
         # launched after this kernel, writes the NaNs: no reduction, barrier or acq_rel RMW per program.
         # Without a left window every program reads the key blocks that the first one does (those below its hi),
@@ -767,13 +768,14 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     # by v_nan_fixup_kernel after it; without a left window (tables.FWD_NAN_FROM_OUT_FAMILIES) the fix-up finds
     # them in the last query block's output instead, and the forward marks nothing
     nan_fixup = nan_flags = None
-    nan_from_out = False
+    nan_from_out = marks = False  # marks: the forward's programs mark V's NaNs in the kept flags
     if flags["HAS_LEFT"] or flags["HAS_RIGHT"]:
         nan_fixup = family_of(arch) in tables.FWD_NAN_FIXUP_FAMILIES
         # (the interpreter's FP8 widening turns NaNs into numbers before the P.V dot: FP8 marks there)
         nan_from_out = nan_fixup and not flags["HAS_LEFT"] and family_of(arch) in tables.FWD_NAN_FROM_OUT_FAMILIES \
             and not (fp8 and arch.backend == "interpreter")
-        if nan_fixup and not nan_from_out:
+        marks = nan_fixup and not nan_from_out
+        if marks:
             # (d_pad: the kernel's D_ROW, both chunks of a split head dim)
             nan_flags = kept_nan_flags(q, (batch, hk, d_pad))
         elif not nan_fixup:
@@ -797,20 +799,22 @@ def _attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
             per_cfg=lambda c: dict(EVEN_QK=even and even_qk(varlen, seqlen_q, seqlen_k, (c["BLOCK_M"], c["BLOCK_N"]))))
         if nan_fixup:
             nan_cfg = nan_flags_config(arch)  # (the V NaN rule's table row: the fix-up's rows per block too)
+            from_out = {}
+            if nan_from_out:  # (the last query block's rows in loads of <= 8192 elements; V only where they are all NaN)
+                stride_vb, stride_vn, stride_vh = row_strides(v, varlen)
+                from_out = dict(FROM_OUT=True, FWD_BLOCK_M=used["BLOCK_M"],
+                                OUT_ROWS=min(used["BLOCK_M"], max(1, 8192 // d_pad)), V=v, cu_seqlens_k=cu_k,
+                                seqlen_k=seqlen_k, total_k=common["total_k"], stride_vb=stride_vb,
+                                stride_vn=stride_vn, stride_vh=stride_vh,
+                                **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}),
+                                BLOCK_N=max(16, nan_cfg["BLOCK_ELEMENTS"] // d_pad))
             jit_launch(v_nan_fixup_kernel, (hk, batch), (
                 out, out if nan_flags is None else nan_flags, cu_q, seqlen_q, common["total_q"],
                 *row_strides(out, varlen)),
                 dict(GROUP=hq // hk, HEAD_DIM=d, D_ROW=d_pad, BLOCK_M=max(1, nan_cfg["BLOCK_ELEMENTS"] // d_pad),
-                     IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"],
-                     # (the last query block's rows in loads of <= 8192 elements)
-                     **(dict(FROM_OUT=True, FWD_BLOCK_M=used["BLOCK_M"],
-                             OUT_ROWS=min(used["BLOCK_M"], max(1, 8192 // d_pad)), V=v, cu_seqlens_k=cu_k, seqlen_k=seqlen_k,
-                             total_k=common["total_k"], **dict(zip(("stride_vb", "stride_vn", "stride_vh"),
-                                                                     row_strides(v, varlen))),
-                             **({"stride_vd": v.stride(-1)} if v.stride(-1) != 1 else {}),
-                             BLOCK_N=max(16, nan_cfg["BLOCK_ELEMENTS"] // d_pad)) if nan_from_out else {})))
+                     IS_VARLEN=varlen, num_warps=nan_cfg["num_warps"], **from_out))
     except BaseException:
-        if nan_fixup and not nan_from_out:
+        if marks:
             forget_nan_flags(q)  # (kept flags: the forward may have left marks that no fix-up cleared)
         raise
     if return_probs:
