@@ -13,7 +13,8 @@ packed from 17 documents, causal, d128).  The report adds fa_amd / cuDNN ratios.
 FLOPs: forward 4*b*h*sq*sk*d (halved for causal; varlen sums over documents),
 forward+backward = 3.5x forward.  Each method is timed with CUDA events after
 an L2 flush (triton.testing.do_bench's method), on random inputs, in
-interleaved rounds with its peers (ROUNDS); the median round is reported.
+interleaved rounds with its peers (ROUNDS), each begun with ~ROUND_WARM_MS of the
+method's own untimed calls; the median round is reported.
 Peak memory is that of one forward+backward, beside plain PyTorch ("eager").
 Then the SDPA route row: a model that calls F.scaled_dot_product_attention itself, timed as torch
 runs it, with SDPA's math backend, and inside fa_amd.sdpa_route() (--no-sdpa-route skips it;
@@ -556,6 +557,15 @@ ROUNDS = 3
 ROUND_REP_MS = 30
 MIN_CALLS_PER_ROUND = 8
 MAX_ROUND_MS = 300
+# Each round begins with ~ROUND_WARM_MS of the method's own calls, back to back and untimed (do_bench's warm-up,
+# which the rounds had lost): a GPU at its power cap moves its clock over tens of ms, so a round that starts cold
+# ran partly in the power state its predecessor left.  H200, 2026-11-29 (d128 b4 s4k h16 causal, us, fa_amd bf16 /
+# FP8 forward): the same rounds read 595-620 / 419-431 without it, 655-661 / 407-412 with 60 ms of own calls first,
+# and 667-705 / 422-443 over 0.15 s of back-to-back calls: without the warm-up the bf16 rounds ran ~10 % faster than
+# that kernel sustains (TUNING_NOTES v44).
+ROUND_WARM_MS = 50
+MAX_WARM_CALLS = 256  # (host-bound short calls: the warm-up stays a few ms of host time; calls over ~2 ROUND_WARM_MS
+# get none: gpu_round_ms's own warm call is the warm-up there)
 
 
 @dataclass
@@ -568,6 +578,7 @@ class _Timed:
     rounds: List[float]
     note: str = ""
     calls: int = 1  # timed calls per round (set in round one)
+    warm_calls: int = 0  # untimed calls that start each round (set in round one: ~ROUND_WARM_MS of them)
     flush: str = "zero"  # the L2 flush before each timed call (l2_flush)
 
 
@@ -675,7 +686,12 @@ def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
                 _clear_grads(timed.grads)
                 timed.call()
                 torch.cuda.synchronize()
-                timed.calls = _calls_per_round((time.perf_counter() - start) * 1e3)
+                est_ms = (time.perf_counter() - start) * 1e3
+                timed.calls = _calls_per_round(est_ms)
+                timed.warm_calls = min(MAX_WARM_CALLS, round(ROUND_WARM_MS / max(est_ms, 1e-3)))
+            for _ in range(timed.warm_calls):  # the method's own steady state first (ROUND_WARM_MS)
+                _clear_grads(timed.grads)
+                timed.call()
             ms = gpu_round_ms(timed.call, timed.grads, timed.calls, timed.flush)
         timed.rounds.append(ms)
     except Exception as exc:  # a peer that cannot run this shape: report, keep going
@@ -1019,9 +1035,11 @@ def _timing_sentence(payload: Dict) -> str:
     rounds = payload.get("rounds")
     if not rounds or rounds == 1:
         return "Times are triton.testing.do_bench medians."
+    warm = payload.get("round_warm_ms")
+    warm_text = f"after ~{warm} ms of the method's own untimed calls, " if warm else ""
     return (f"Times: per shape, every method's forward and forward+backward are timed in {rounds} interleaved "
             f"rounds (each round starts with another method) of {payload.get('round_ms', ROUND_REP_MS)} ms of calls, "
-            f"at least {MIN_CALLS_PER_ROUND}, each after an L2 flush, with CUDA events (the method of "
+            f"{warm_text}at least {MIN_CALLS_PER_ROUND}, each after an L2 flush, with CUDA events (the method of "
             "triton.testing.do_bench); a round reports its median call and the table the median round.")
 
 
@@ -1202,7 +1220,7 @@ def merge_payloads(payloads: List[Dict]) -> Dict:
     env["date"] = " .. ".join(sorted({p["environment"]["date"] for p in payloads}))
     return {"environment": env, "dtype": first["dtype"], "seconds": sum(p.get("seconds", 0.0) for p in payloads),
             "rounds": first.get("rounds"), "round_ms": first.get("round_ms"),
-            "results": [r for p in payloads for r in p["results"]]}
+            "round_warm_ms": first.get("round_warm_ms"), "results": [r for p in payloads for r in p["results"]]}
 
 
 def _given(args, *options) -> List[str]:
@@ -1290,7 +1308,8 @@ def run_cli(args) -> int:
 
         def payload_of(results):
             return {"environment": env, "dtype": args.dtype, "seconds": time.perf_counter() - start,
-                    "rounds": rounds, "round_ms": ROUND_REP_MS, "results": [asdict(r) for r in results]}
+                    "rounds": rounds, "round_ms": ROUND_REP_MS,
+                    "round_warm_ms": None if args.smoke else ROUND_WARM_MS, "results": [asdict(r) for r in results]}
 
         def checkpoint(results):  # results.partial.json: what a run cut short had measured
             with open(os.path.join(args.out, "results.partial.json"), "w") as f:

@@ -14,8 +14,8 @@ in bf16) over its time.
 Methods: fa_amd (flash_attn_with_kvcache), torch SDPA (its own backend choice, enable_gqa),
 FlexAttention (torch.compile), flash_attn.flash_attn_with_kvcache if installed.  Timing as in
 `fa-amd bench`: per row, every method is timed in interleaved rounds (each round starts with
-another method), each call after an L2 flush that leaves clean lines (DECODE_L2_FLUSH) with CUDA
-events, median call per round, median round.
+another method and the method's own untimed warm-up calls, bench.ROUND_WARM_MS), each call after an L2
+flush that leaves clean lines (DECODE_L2_FLUSH) with CUDA events, median call per round, median round.
 
 generate(): a random-init Llama (8 layers, hidden 2048, 16 query / 4 KV heads, d128; the recipes'
 GPU shape), batch 8, a 1024-token prompt, 128 new greedy tokens (min = max), DynamicCache and
