@@ -23,6 +23,7 @@ import statistics
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +178,7 @@ def main():
         if dtype == "fp8":
             q8, k8, v8, ds = bench.fp8_inputs(q, k, v)
             args, kwargs = (q8, k8, v8), dict(causal=causal, **ds)
-        buf = torch.zeros(b * hq * triton_cdiv(s, 16), FIELDS, dtype=torch.int64, device="cuda")  # (>= the grid)
+        buf = torch.zeros(b * hq * triton.cdiv(s, 16), FIELDS, dtype=torch.int64, device="cuda")  # (>= the grid)
         runs = {name: [] for name in versions}
         with torch.no_grad():
             for name, (mod, fwd) in versions.items():  # compile, warm, check
@@ -226,9 +227,6 @@ def main():
             for line in [env] + results:
                 f.write(json.dumps(line) + "\n")
 
-
-def triton_cdiv(a, b):
-    return (a + b - 1) // b
 
 
 if __name__ == "__main__":

@@ -578,7 +578,7 @@ class _Timed:
     rounds: List[float]
     note: str = ""
     calls: int = 1  # timed calls per round (set in round one)
-    warm_calls: int = 0  # untimed calls that start each round (set in round one: ~ROUND_WARM_MS of them)
+    warm_calls: int = 0  # untimed calls that start each round beside gpu_round_ms's one (set in round one: ~ROUND_WARM_MS)
     flush: str = "zero"  # the L2 flush before each timed call (l2_flush)
 
 
@@ -636,16 +636,18 @@ def _calls_per_round(est_ms: float) -> int:
     return max(1, min(calls, int(MAX_ROUND_MS / max(est_ms, 1e-3))))
 
 
-def gpu_round_ms(fn, grads, calls: int, flush: str = "zero", before=None) -> float:
+def gpu_round_ms(fn, grads, calls: int, flush: str = "zero", before=None, warm: int = 1) -> float:
     """Median GPU milliseconds of `calls` calls, each after an L2 flush (`flush`: l2_flush), timed with
     CUDA events; `grads` are reset before each call so a backward assigns instead of accumulating.
-    `before`: run untimed ahead of each call and its flush (e.g. the forward whose backward `fn` is)."""
+    `before`: run untimed ahead of each call and its flush (e.g. the forward whose backward `fn` is).
+    `warm`: untimed calls first, back to back (the bench's rounds: ROUND_WARM_MS of them)."""
     flush_l2 = l2_flush(flush)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    _clear_grads(grads)
-    if before is not None:
-        before()
-    fn()  # warm again after the other methods' rounds
+    for _ in range(warm):  # warm again after the other methods' rounds
+        _clear_grads(grads)
+        if before is not None:
+            before()
+        fn()
     for start, end in events:
         _clear_grads(grads)
         if before is not None:
@@ -689,10 +691,8 @@ def _time_round(timed: _Timed, smoke: bool, first: bool) -> None:
                 est_ms = (time.perf_counter() - start) * 1e3
                 timed.calls = _calls_per_round(est_ms)
                 timed.warm_calls = min(MAX_WARM_CALLS, round(ROUND_WARM_MS / max(est_ms, 1e-3)))
-            for _ in range(timed.warm_calls):  # the method's own steady state first (ROUND_WARM_MS)
-                _clear_grads(timed.grads)
-                timed.call()
-            ms = gpu_round_ms(timed.call, timed.grads, timed.calls, timed.flush)
+            # (the method's own steady state first: ROUND_WARM_MS of calls)
+            ms = gpu_round_ms(timed.call, timed.grads, timed.calls, timed.flush, warm=1 + timed.warm_calls)
         timed.rounds.append(ms)
     except Exception as exc:  # a peer that cannot run this shape: report, keep going
         timed.note = _failure_note(exc)

@@ -110,20 +110,22 @@ def test_bench_round_starts_with_the_methods_own_calls(monkeypatch):
     calls, seen = [], []
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench, "gpu_round_ms", lambda fn, grads, n, flush="zero": seen.append(len(calls)) or 1.0)
+    monkeypatch.setattr(bench, "gpu_round_ms",
+                        lambda fn, grads, n, flush="zero", warm=1: seen.append(len(calls) + warm) or 1.0)
     clock = iter(float(t) for t in range(1000))  # each perf_counter() one second later: a 1000 ms call
     monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
     slow = bench._Timed({}, "fwd", lambda: calls.append(1), (), [])
     bench._time_round(slow, smoke=False, first=True)
     bench._time_round(slow, smoke=False, first=False)
-    assert slow.warm_calls == 0 and seen == [2, 2]  # compile and estimate; a call this long is its own warm-up
+    # compile and estimate, then gpu_round_ms's one warm call per round: a call this long is its own warm-up
+    assert slow.warm_calls == 0 and seen == [2 + 1, 2 + 1]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: 0.0)  # a call too short to clock: the cap
     calls.clear(), seen.clear()
     fast = bench._Timed({}, "fwd", lambda: calls.append(1), (), [])
     bench._time_round(fast, smoke=False, first=True)
     bench._time_round(fast, smoke=False, first=False)
     assert fast.warm_calls == bench.MAX_WARM_CALLS
-    assert seen == [2 + bench.MAX_WARM_CALLS, 2 + 2 * bench.MAX_WARM_CALLS]
+    assert seen == [2 + 1 + bench.MAX_WARM_CALLS, 2 + 1 + bench.MAX_WARM_CALLS]  # (the fake gpu_round_ms calls nothing)
     assert fast.rounds == [1.0, 1.0]
 
 
