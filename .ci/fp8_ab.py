@@ -8,7 +8,8 @@
 Rows: b4 s4096 h16 d128 and b2 s8192 h16 d128, full and causal (GQA=1 adds b4 s4096 h16/kv4 with the table tile).
 Every variant of a row is timed in the same interleaved rounds (ROUNDS, default 7): each round takes the
 median of `calls` calls timed with CUDA events, each after an L2 flush (fa_amd.bench.gpu_round_ms, as
-`fa-amd bench` times), and a variant's figure is the median over rounds.  A variant is a set of
+`fa-amd bench` times), after ~WARM_MS (default bench.ROUND_WARM_MS; 0: none) of the variant's own untimed calls,
+and a variant's figure is the median over rounds.  A variant is a set of
 overrides applied in-process before each of its timings (no code edits between candidates):
 
   bf16                 fa_amd.flash_attn_func on bf16 q, k, v (the table's tile): the baseline
@@ -54,6 +55,7 @@ from fa_amd import bench, fp8, tuning  # noqa: E402
 from fa_amd.tuning import tables  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", 7))
+WARM_MS = float(os.environ.get("WARM_MS", bench.ROUND_WARM_MS))  # 0: the cold rounds of before v44
 BUDGET_S = float(os.environ.get("BUDGET_S", 330))
 WORKERS = int(os.environ.get("WORKERS", 8))
 START = time.time()
@@ -217,7 +219,10 @@ def timer(inputs, settings, kind, graph=False):
     with torch.no_grad():
         fn()
     sync()
-    calls = max(8, min(40, round(40 / max((time.perf_counter() - start) * 1e3, 1e-3))))
+    call_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
+    calls = max(8, min(40, round(40 / call_ms)))
+    # each round after ~WARM_MS of its own calls (the bench's ROUND_WARM_MS): the power state is the variant's own
+    warm = 1 + max(0, min(bench.MAX_WARM_CALLS, round(WARM_MS / call_ms)))
     run = fn
     if graph and SMOKE:
         raise RuntimeError("no CUDA graphs on the CPU")
@@ -235,7 +240,7 @@ def timer(inputs, settings, kind, graph=False):
     def one_round():
         apply(**settings)
         with torch.no_grad():
-            return bench.time_ms(run, smoke=True) if SMOKE else bench.gpu_round_ms(run, [], calls)
+            return bench.time_ms(run, smoke=True) if SMOKE else bench.gpu_round_ms(run, [], calls, warm=warm)
     return one_round
 
 
