@@ -13,7 +13,8 @@ costs the FP8 forward 11 % (docs/TUNING_NOTES.md v25).
   (fp32, (batch, nheads_k), default 1: the real values are x_fp8 * descale, taken as they are -- a NaN
   descale gives NaN rows, a negative v_descale a negated output -- except that the scores' scale
   q_descale * k_descale must be >= 0: a negative product raises where the values are checked without a sync,
-  else gives NaN rows, `_score_descale`), and `out_dtype` (bfloat16 by default; float16 or float32).
+  else gives NaN rows, `_score_descale`; so does softmax_scale * q_descale * k_descale past the bounds
+  softmax_scale has alone, interface.MAX_SOFTMAX_SCALE), and `out_dtype` (bfloat16 by default; float16 or float32).
   Forward only, like FA3's FP8: FP8 inputs (and descales) that require grad raise.
   Where the arch reads V token-major (tables.FP8_V_TOKEN_MAJOR), a V in the usual layout
   is copied per call (`token_major_copy`); a V that is a transposed contiguous (batch,
@@ -172,7 +173,7 @@ def _check_out_dtype(out_dtype) -> torch.dtype:
     return out_dtype
 
 
-def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
+def _score_descale(q_descale: Tensor, k_descale: Tensor, scale: float = 1.0, softcap: float = 0.0) -> Tensor:
     """q_descale, checked against a negative q_descale * k_descale (the scores' scale): the forward's
     unmasked tiles take the row max of the raw scores (tables.FWD_RAW_MAX_FAMILIES), right for a positive
     scale only, and a branch on the sign in the kernel cost the FP8 forward 4-10 % (H200, 2026-11-28).
@@ -185,7 +186,16 @@ def _score_descale(q_descale: Tensor, k_descale: Tensor) -> Tensor:
             raise ValueError("q_descale * k_descale must be >= 0 (descales are reciprocal scales: the real values "
                              "are x_fp8 * descale), got a negative product for (batch, head_k) "
                              f"{tuple((product < 0).nonzero()[0].tolist())}")
-    # else the forward kernel itself turns a negative product into NaN (attn_fwd_kernel): no launch per call here
+        # the scores' float32 scale is softmax_scale * q_descale * k_descale: the bounds softmax_scale has alone
+        # (a product past them, e.g. descales of 1e20, made every row NaN)
+        largest = float(product.abs().max()) if product.numel() else 0.0
+        try:
+            _api._check_float32_range(scale * largest, softcap)
+        except ValueError as exc:
+            raise ValueError(f"softmax_scale * q_descale * k_descale = {scale} * {largest:.3g} is out of the kernels' "
+                             f"float32 range: {exc}") from None
+    # else the forward kernel itself turns a negative product into NaN (attn_fwd_kernel): no launch per call here;
+    # nor is the product's size checked (a product past those bounds gives NaN rows)
     return q_descale
 
 
@@ -481,7 +491,7 @@ def descaled_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     descales = [_check_descale(name, x, batch, nheads_k, q)
                 for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     if q_descale is not None or k_descale is not None:
-        descales[0] = _score_descale(*descales[:2])
+        descales[0] = _score_descale(*descales[:2], scale, softcap)
     out_dtype = _check_out_dtype(out_dtype)
     alibi_slopes = _api._check_alibi(alibi_slopes, q, batch, nheads_q)
     sinks = _api._check_sinks(sinks, s_aux, q, nheads_q)
@@ -676,6 +686,7 @@ def flash_attn_qkvpacked_fp8_func(qkv, dropout_p=0.0, softmax_scale=None, causal
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be a tensor of shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    _api._check_tensor("qkv", qkv, 5, "(batch, seqlen, 3, nheads, headdim)")  # (its dtype under its own name)
     q, k, v = qkv.unbind(2)
     return flash_attn_fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                deterministic, return_attn_probs)
@@ -688,6 +699,7 @@ def flash_attn_varlen_qkvpacked_fp8_func(qkv, cu_seqlens, max_seqlen, dropout_p=
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv must be a tensor of shape (total, 3, nheads, headdim), got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    _api._check_tensor("qkv", qkv, 4, "(total, 3, nheads, headdim)")
     q, k, v = qkv.unbind(1)
     return flash_attn_varlen_fp8_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

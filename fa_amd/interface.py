@@ -301,7 +301,7 @@ def _check_cu_seqlens(name, cu, total, max_seqlen, max_name, q):
     check_cu_seqlens_form(name, cu)
     _check_device(name, cu, q)
     check_max_seqlen(max_name, max_seqlen)
-    if not _CHECK_VARLEN or torch.compiler.is_compiling() or cu.numel() == 1:
+    if not _CHECK_VARLEN or torch.compiler.is_compiling():
         return cu.contiguous()
     if cu.is_cuda and torch.cuda.is_current_stream_capturing():
         return cu.contiguous()  # a graph being captured (e.g. Transformers' continuous batching) cannot sync
@@ -346,6 +346,8 @@ def _check_sinks(sinks, s_aux, q, nheads: int):
 
 def _cu_seqlens_stats(cu):
     """(first, last, shortest, longest segment) in one device->host copy."""
+    if cu.numel() == 1:  # a batch of 0 sequences: its one entry must still be 0
+        return (int(cu[0]), int(cu[0]), 0, 0)
     lengths = cu[1:] - cu[:-1]
     return tuple(torch.stack([cu[0], cu[-1], lengths.min(), lengths.max()]).tolist())
 

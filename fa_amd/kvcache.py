@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
@@ -326,6 +327,40 @@ def _check_writable_caches(k_cache, v_cache):
     # (two empty caches, e.g. of a batch of 0, both report address 0: nothing is written to either)
     if k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr() and k_cache.dtype == v_cache.dtype:
         raise ValueError("k_cache and v_cache are the same memory; the append writes both in place: pass two caches")
+    if _caches_share_elements(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache share memory (overlapping views of one buffer); the append writes both "
+                         "in place: pass caches whose elements are apart (e.g. the two halves of a packed KV buffer)")
+
+
+def _byte_span(t):
+    """[first, last) bytes a tensor with non-negative strides can touch."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _caches_share_elements(a, b) -> bool:
+    """Whether two caches, each free of internal overlap, hold a common element.  Views of one buffer that are
+    translates of each other (one shape, strides and dtype: a packed KV buffer's halves, caches side by side) are
+    decided exactly; others whose byte spans meet count as sharing (their layouts are not worth solving for)."""
+    if not (a.numel() and b.numel()) or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if min(a.stride() + b.stride()) < 0:
+        return True
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    size = a.element_size()
+    if (a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype) or (b0 - a0) % size:
+        return True
+    # offset = sum(i_d * stride_d), |i_d| < shape_d: greedy over strides taken largest first is exact when each
+    # stride exceeds the span of the smaller ones (nested strides); other layouts count as sharing
+    dims = sorted(((st, n) for n, st in zip(a.shape, a.stride()) if n > 1), reverse=True)
+    if any(st <= sum((m - 1) * sm for sm, m in dims[i + 1:]) for i, (st, _) in enumerate(dims)):
+        return True
+    rest = abs(b0 - a0) // size
+    for st, n in dims:
+        rest -= min(rest // st, n - 1) * st
+    return rest == 0
 
 
 def _contiguous_last(x):
@@ -366,7 +401,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
             and cache_leftpad is None and alibi_slopes is None and sinks is None and s_aux is None
             and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
-            and type(window_size) is tuple and not torch.compiler.is_compiling()):
+            and type(window_size) is tuple and not torch.compiler.is_compiling()
+            and forward_ad._current_level < 0  # (a dual level open: the checks below refuse tangents)
+            and not any(isinstance(x, torch.Tensor) for x in (softmax_scale, causal, softcap, *window_size))):
+        # (0-d tensor scalars hash by identity and can change in place: the checks below read their values)
         plain_key = _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
                                     window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse)
         try:

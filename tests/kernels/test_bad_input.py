@@ -395,3 +395,34 @@ def test_tokens_past_the_last_segment_get_lse_inf_on_every_route(device):
                                                      seqused_k=(cu_k[1:] - cu_k[:-1]).contiguous())
     assert torch.isposinf(lse_dense[:, 8:]).all() and torch.isposinf(lse_used[:, 8:]).all()
     assert torch.equal(out[8:], torch.zeros_like(out[8:]))
+
+
+def test_one_entry_cu_seqlens_must_be_zero(device):
+    """cu_seqlens of a batch of 0 sequences is [0]; [5] names the argument (audit 2026-11-29: accepted)."""
+    q = torch.randn(4, 2, 16, device=device, dtype=torch.float16)
+    cu = torch.tensor([5], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[0\] must be 0"):
+        fa_amd.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4)
+
+
+def test_fp8_packed_functions_name_qkv(device):
+    """The quantising packed functions check qkv's dtype under its own name (audit 2026-11-29: "q must be ...")."""
+    with pytest.raises(TypeError, match="qkv must be float16, bfloat16 or float32"):
+        fa_amd.flash_attn_qkvpacked_fp8_func(torch.zeros(1, 8, 3, 2, 16, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="qkv must be float16, bfloat16 or float32"):
+        fa_amd.flash_attn_varlen_qkvpacked_fp8_func(torch.zeros(8, 3, 2, 16, dtype=torch.int32, device=device),
+                                                    torch.tensor([0, 8], dtype=torch.int32, device=device), 8)
+
+
+def test_fp8_descale_product_past_float32_range(device):
+    """softmax_scale * q_descale * k_descale is the scores' float32 scale: past the bound softmax_scale has alone
+    it raises where the values are read without a sync (audit 2026-11-29: descales of 1e20 gave all-NaN rows)."""
+    from fa_amd.fp8 import fp8_dtypes
+    if device != "cpu":
+        pytest.skip("the values are read without a sync on CPU tensors only (FA_AMD_CHECK_KVCACHE=1 on a GPU)")
+    q = torch.randn(1, 8, 2, 16, device=device).to(fp8_dtypes(torch.empty(0, device=device))[0])
+    big = torch.full((1, 2), 1e20, device=device)
+    with pytest.raises(ValueError, match=r"softmax_scale \* q_descale \* k_descale"):
+        fa_amd.flash_attn_func(q, q, q, q_descale=big, k_descale=big)
+    out = fa_amd.flash_attn_func(q, q, q, q_descale=big, k_descale=torch.full((1, 2), 1e-20, device=device))
+    assert not out.isnan().any()

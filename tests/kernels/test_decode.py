@@ -177,6 +177,42 @@ def test_an_append_refuses_caches_that_share_memory(device):
     assert_close_to_ref("out", out, ref64, ref_lp, q.dtype)
     assert torch.equal(packed[:, :, 1], v_want)
     fa_amd.flash_attn_with_kvcache(q, expanded, v_cache, **kw)  # no append: nothing is written
+    # overlapping views of one buffer (audit 2026-11-29: accepted, the k append overwrote a v slot)
+    buf = torch.cat([k_cache, k_cache[:, :1]], dim=1)
+    with pytest.raises(ValueError, match="k_cache and v_cache share memory"):
+        fa_amd.flash_attn_with_kvcache(q, buf[:, :-1], buf[:, 1:], k, v, **kw)
+    # caches side by side in one buffer share no element: accepted
+    side = torch.cat([k_cache, v_cache], dim=0)
+    rows = k_cache.shape[0]
+    out = fa_amd.flash_attn_with_kvcache(q, side[:rows], side[rows:], k.clone(), v.clone(), **kw)
+    assert torch.equal(side[rows:], v_want)
+
+
+def test_plain_calls_read_tensor_scalars_and_tangents_every_call(device):
+    """The plain calls' memo keys hold their scalars: 0-d tensors (softmax_scale, window entries) can change in
+    place, and a forward-AD tangent must still be refused after a plain call of the same structure (audit
+    2026-11-29: the memo reused the first call's scale and window, and dropped the tangent)."""
+    q, k_cache, v_cache, _, _, kw, _ = make_case(device, seed=4)
+    kw = {n: x for n, x in kw.items() if n not in ("softmax_scale", "window_size")}
+    scale = torch.tensor(0.25)
+    fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, softmax_scale=scale, **kw)
+    scale.fill_(2.0)
+    out = fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, softmax_scale=scale, **kw)
+    assert torch.equal(out, fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, softmax_scale=2.0, **kw))
+    scale.fill_(float("nan"))
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, softmax_scale=scale, **kw)
+    left = torch.tensor(3)
+    fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, window_size=(left, 0), **kw)
+    left.fill_(-5)
+    with pytest.raises(ValueError, match="window_size"):
+        fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, window_size=(left, 0), **kw)
+    import torch.autograd.forward_ad as fwAD
+    fa_amd.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, torch.randn_like(q))
+        with pytest.raises(NotImplementedError, match="q carries a tangent"):
+            fa_amd.flash_attn_with_kvcache(dual, k_cache, v_cache, **kw)
 
 
 @pytest.mark.parametrize("case", list(CPU_CASES))
