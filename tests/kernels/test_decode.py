@@ -1510,3 +1510,59 @@ def test_unpipelined_masked_loops(device, monkeypatch, feature):
         ref, _, _, _ = attention_kvcache_ref(q, k_cache, v_cache, window_size=window, **ref_kw)
         assert (out.double() - ref).abs().max() < 2e-3, (feature, splits)
     decode.forget_plans()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(causal=True, window_size=(30, 0)), dict(window_size=(5, 3))])
+def test_v_nan_reaches_every_row_whose_windows_reach_its_key(device, paged, opts):
+    """A NaN in V feature f reaches feature f of every row of its sequence when some row's window reaches its key
+    (the reference multiplies the masked probabilities, zeros, by it), whatever the row tiles and key splits:
+    with several query tiles each reads only the keys its own rows reach (audit 2026-11-29: causal, 40 query
+    tokens, a NaN at the last key reached only the tiles that read its block, and a split whose keys a row does
+    not see dropped it in the merge)."""
+    gen = torch.Generator().manual_seed(11)
+    b, sq, hq, hk, d, lens = 2, 40, 4, 2, 32, [100, 70]
+    cap = 112
+    q = torch.randn(b, sq, hq, d, generator=gen).to(torch.float16).to(device)
+    kc = torch.randn(b, cap, hk, d, generator=gen).to(torch.float16)
+    vc = torch.randn(b, cap, hk, d, generator=gen).to(torch.float16)
+    vc[0, 99, 1, 5] = float("nan")  # the last key: only the last query token sees it under causal
+    vc[1, 40, 0, 7] = float("nan")  # seen by every row but the window's first ones
+    kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=device), **opts)
+    if paged:
+        pages = cap // 16
+        perm = torch.randperm(b * pages, generator=gen)
+        table = perm.view(b, pages).to(torch.int32)
+        kp = torch.empty(b * pages, 16, hk, d, dtype=torch.float16)
+        vp = torch.empty_like(kp)
+        kp[perm] = kc.reshape(b * pages, 16, hk, d)
+        vp[perm] = vc.reshape(b * pages, 16, hk, d)
+        caches = dict(k_cache=kp.to(device), v_cache=vp.to(device), block_table=table.to(device))
+    else:
+        caches = dict(k_cache=kc.to(device), v_cache=vc.to(device))
+    ref, ref_lse, _, _ = attention_kvcache_ref(q, kc.to(device), vc.to(device), **kw)
+    for splits in (1, 4):
+        out, lse = fa_amd.flash_attn_with_kvcache(q, **caches, num_splits=splits, return_softmax_lse=True, **kw)
+        assert torch.equal(out.isnan(), ref.isnan()), f"num_splits={splits}"
+        assert torch.equal(lse.isnan(), ref_lse.isnan())
+        fine = ~ref.isnan()
+        torch.testing.assert_close(out[fine].double(), ref[fine], atol=2e-2, rtol=0)
+
+
+def test_v_nan_in_a_split_some_rows_do_not_see(device):
+    """One row tile, two key splits: the split holding the appended NaN value is empty for the first query token
+    (causal), which must still take the NaN (audit 2026-11-29: the merge dropped that split's NaNs)."""
+    gen = torch.Generator().manual_seed(3)
+    b, sq, hq, hk, d = 1, 7, 2, 1, 32
+    q = torch.randn(b, sq, hq, d, generator=gen).to(torch.float16).to(device)
+    kc = torch.randn(b, 160, hk, d, generator=gen).to(torch.float16).to(device)
+    vc = torch.randn(b, 160, hk, d, generator=gen).to(torch.float16).to(device)
+    k = torch.randn(b, 3, hk, d, generator=gen).to(torch.float16).to(device)
+    v = torch.randn(b, 3, hk, d, generator=gen).to(torch.float16).to(device)
+    v[0, 2, 0, 8] = float("nan")
+    kw = dict(cache_seqlens=torch.tensor([147], dtype=torch.int32, device=device), causal=True,
+              window_size=(30, 0))
+    ref, _, _, _ = attention_kvcache_ref(q, kc, vc, k, v, **kw)
+    out = fa_amd.flash_attn_with_kvcache(q, kc, vc, k, v, num_splits=2, **kw)
+    assert ref[0, :, :, 8].isnan().all()
+    assert torch.equal(out.isnan(), ref.isnan())
