@@ -48,8 +48,8 @@ from .blocks import dot_rows_nt, in_loop, key_ranges
 from .launch import CompiledLaunch, cdiv, current_stream, descale_args, head_dim_padded, int_specialization, \
     kept_zeros, launch, new_output, score_args
 from .rotary import rotary_forward
-from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, is_nan, load_head_descales, p_shift, saturate, \
-    score_log2, sink_init
+from .score_mods import FP8_P_SCALE, LN2, LOG2E, alibi_slope_log2, load_head_descales, p_shift, saturate, score_log2, \
+    sink_init
 
 
 # --------------------------------------------------------------------------- rotary (shared by q and new k)
@@ -269,26 +269,6 @@ def _decode_inner(acc, l_i, m_i, q, q_rows, q_len, Q, K_base, V_base, BT_row, KM
 
 
 @triton.jit
-def _v_nan_cols(V_base, BT_row, start, end, offs_n, offs_d, stride_vn, stride_vp, page_size, num_pages,
-                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
-    """[D_PAD] flags: the features NaN in some V row of keys [start, end) (decode_kernel's V_NAN_UNION)."""
-    found = tl.zeros([D_PAD], dtype=tl.int32)
-    for start_n in range(start, end, BLOCK_N):
-        cols = start_n + offs_n
-        in_range = cols < end
-        if PAGED:
-            page = tl.load(BT_row + cols // page_size, mask=in_range, other=0)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-            v_off = page * stride_vp + (cols % page_size) * stride_vn
-        else:
-            v_off = cols * stride_vn
-        v = tl.load(V_base + v_off[:, None] + offs_d[None, :],
-                    mask=in_range[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        found = found | tl.max(is_nan(v).to(tl.int32), 0)
-    return found != 0
-
-
-@triton.jit
 def decode_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart,
     CuSeqlensQ, CacheSeqlens, CuSeqlensK, SeqUsedK, LeftPad, BatchIdx, BlockTable, KeyMask, Cos, Sin, Alibi,
@@ -307,7 +287,7 @@ def decode_kernel(
     stride_qdh=None, stride_kdb=None, stride_kdh=None, stride_vdb=None, stride_vdh=None,
     FP8_MAX: tl.constexpr = 0.0, SplitCounters=None, FUSED_MERGE: tl.constexpr = False,
     MASKED_STAGES: tl.constexpr = 0, MERGE_ROWS: tl.constexpr = 0, MERGE_STEP: tl.constexpr = 2,
-    V_NAN_UNION: tl.constexpr = False,
+    NAN_FROM_EMPTY: tl.constexpr = False,
 ):
     """One (KV head x row tile, key split, sequence) program.
 
@@ -469,21 +449,6 @@ def decode_kernel(
                                   HAS_ALIBI, HAS_LEFT, HAS_RIGHT, INPUT_PRECISION, RELOAD_CHUNK, Q_FP8, HAS_LEFTPAD,
                                   MASKED_STAGES)
 
-    if V_NAN_UNION:
-        # a NaN in V reaches every row of its sequence whose rows' windows, together, reach its key (the reference
-        # multiplies the masked probabilities, zeros, by it too): the V rows of those keys this tile's range
-        # leaves out, [u_lo, lo) and [hi, u_hi), are read for NaN features (no scores: V loads only)
-        u_lo = k_lo
-        if HAS_LEFT:
-            u_lo = tl.maximum(u_lo, diag - win_left)
-        u_hi = k_end
-        if HAS_RIGHT:
-            u_hi = tl.minimum(u_hi, q_len + diag + win_right)
-        nan_cols = _v_nan_cols(V_base, BT_row, u_lo, tl.minimum(lo, u_hi), offs_n, offs_d, stride_vn, stride_vb,
-                               page_size, num_cache_rows, HEAD_DIM, D_PAD, BLOCK_N, PAGED)
-        nan_cols = nan_cols | _v_nan_cols(V_base, BT_row, tl.maximum(hi, u_lo), u_hi, offs_n, offs_d, stride_vn,
-                                          stride_vb, page_size, num_cache_rows, HEAD_DIM, D_PAD, BLOCK_N, PAGED)
-        acc = tl.where(nan_cols[None, :], float("nan"), acc)
     empty_row = l_i == 0.0
     out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
     if KV_FP8:
@@ -503,7 +468,7 @@ def decode_kernel(
             _last_split_merges(Out, Lse, OutPart, LsePart, SplitCounters, Sinks, b64, q_start, t0, q_len, r0,
                                hk, GROUP, offs_d, total_q, n_heads, n_splits, stride_ob, stride_om, stride_oh,
                                stride_lb, stride_lh, HEAD_DIM, D_PAD, BLOCK_M, MERGE_ROWS if MERGE_ROWS else BLOCK_M,
-                               MERGE_STEP, HAS_SINKS, V_NAN_UNION)
+                               MERGE_STEP, HAS_SINKS, NAN_FROM_EMPTY)
     else:
         # flash-attn convention: a row that sees no key has output 0 and lse +inf
         lse = tl.where(empty_row, float("inf"), lse2 * LN2)
@@ -589,8 +554,8 @@ def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d,
             w = tl.where(live, tl.exp2(lse_s - m_shift), 0.0)
             den = den * alpha + w
             if NAN_FROM_EMPTY:
-                # (decode_kernel's V_NAN_UNION) a split that saw none of this row's keys still multiplied V's NaN
-                # features by zero probabilities: its NaNs join the row, as in the reference
+                # a split that saw none of this row's keys still multiplied V's NaN features by zero probabilities:
+                # its NaNs join the row, as in the reference (multi-token masked calls)
                 acc = acc * alpha[:, None] + tl.where(live[:, None], w[:, None] * o, tl.where(o == o, 0.0, o))
             else:
                 acc = acc * alpha[:, None] + w[:, None] * tl.where(live[:, None], o, 0.0)
@@ -1204,10 +1169,9 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
     sink_kwargs = dict(Sinks=sinks, HAS_SINKS=True) if sinks is not None else {}
     kwargs.update(sink_kwargs, **_fp8_kwargs(k_cache, descale))
     if (flags["HAS_LEFT"] or flags["HAS_RIGHT"]) and seqlen_q > 1:
-        # several query tokens under a mask: a row tile reads only the keys its own rows reach, and a key split
-        # whose keys a row does not see is dropped from its merge; both would lose V's NaNs (decode steps of one
-        # token compile without it)
-        kwargs["V_NAN_UNION"] = True
+        # several query tokens under a mask: a key split whose keys a row does not see would drop, in the merge,
+        # the NaNs its zero probabilities took from V (decode steps of one token compile without it)
+        kwargs["NAN_FROM_EMPTY"] = True
     masked_stages = decode_masked_stages(arch, d_pad) if table_tile and not many else 0
     if masked_stages:  # (only when set: launches without it compile to the same code as before it existed)
         kwargs["MASKED_STAGES"] = masked_stages
@@ -1231,7 +1195,7 @@ def decode_forward(q, k_cache, v_cache, softmax_scale, window_left, window_right
         merge_kwargs = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=merge["BLOCK_M"],
                             **{k_: v_ for k_, v_ in merge.items() if k_ != "BLOCK_M"},
                             **({"HAS_SINKS": True} if sinks is not None else {}),
-                            **({"NAN_FROM_EMPTY": True} if kwargs.get("V_NAN_UNION") else {}))
+                            **({"NAN_FROM_EMPTY": True} if kwargs.get("NAN_FROM_EMPTY") else {}))
         split_merge_kernel[merge_grid](out, lse, out_part, lse_part, *merge_ints, **merge_kwargs,
                                        **({"Sinks": sinks} if sinks is not None else {}))
     if q_varlen:
