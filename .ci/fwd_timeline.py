@@ -28,7 +28,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fa_amd import bench  # noqa: E402
-from tree_copy import copy_fa_amd  # noqa: E402
+from tree_copy import copy_fa_amd, paired_change_pct  # noqa: E402
 
 FIELDS = 8  # per program: gt0, clk0, clk1, clk2, clk3, gt3, smid, key blocks
 
@@ -216,12 +216,9 @@ def main():
         if len(versions) > 1:
             base = list(versions)[0]
             for name in list(versions)[1:]:
-                paired = sorted(100 * (x / y - 1) for x, y in zip(next(m for m in results if m["row"] == row and
-                                                                       m["tree"] == name)["span_kcyc_rounds"],
-                                                                  next(m for m in results if m["row"] == row and
-                                                                       m["tree"] == base)["span_kcyc_rounds"]))
-                print(f"    {name} vs {base}: span in cycles {paired[len(paired) // 2]:+.2f} % per round "
-                      f"({paired[0]:+.2f}..{paired[-1]:+.2f})")
+                spans = {m["tree"]: m["span_kcyc_rounds"] for m in results if m["row"] == row}
+                p_med, p_min, p_max = paired_change_pct(spans[name], spans[base])
+                print(f"    {name} vs {base}: span in cycles {p_med:+.2f} % per round ({p_min:+.2f}..{p_max:+.2f})")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "fwd_timeline.json"), "w") as f:
             for line in [env] + results:

@@ -1,5 +1,5 @@
 """Another tree's fa_amd imported beside this one: the GPU A/B probes (.ci/twin_ab.py, .ci/fwd_timeline.py) load
-two versions of the kernels into one process."""
+two versions of the kernels into one process; and how they compare the two versions' rounds."""
 import os
 import shutil
 import sys
@@ -25,3 +25,11 @@ def copy_fa_amd(tree: str, pkg: str) -> str:
                     f.write(text.replace('"fa_amd::', f'"{pkg}::'))
     sys.path.insert(0, root)
     return dst
+
+
+def paired_change_pct(new_rounds, base_rounds):
+    """(median, lowest, highest) per-round change of `new` against `base` in %: a round times both at about the
+    same clock level, so the paired change is far steadier than the ratio of medians when the GPU moves between
+    power-cap levels."""
+    paired = sorted(100 * (new / base - 1) for new, base in zip(new_rounds, base_rounds))
+    return paired[len(paired) // 2], paired[0], paired[-1]

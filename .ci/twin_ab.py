@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tree_copy import copy_fa_amd, paired_change_pct  # noqa: E402
 
 DRY_RUN = os.environ.get("DRY_RUN") == "1"
 ROUNDS = int(os.environ.get("ROUNDS", 7))
@@ -37,7 +38,6 @@ DEVICE = "cpu" if DRY_RUN else "cuda"
 
 def load_twin(path: str):
     """TWIN's fa_amd package imported as fa_amd_twin (its torch.library ops in the fa_amd_twin namespace)."""
-    from tree_copy import copy_fa_amd
     copy_fa_amd(path, "fa_amd_twin")
     return importlib.import_module("fa_amd_twin")
 
@@ -152,15 +152,14 @@ def main():
             continue
         times = bench.interleaved_rounds_ms(timed, ROUNDS, calls=10)
         med = {name: statistics.median(t) for name, t in times.items()}
-        # the two versions' rounds in pairs (a round times both at about the same clock level): the paired
-        # change is far steadier than the ratio of medians when the GPU moves between power-cap levels
-        paired = sorted(100 * (b / a - 1) for a, b in zip(times["twin"], times["tree"]))
+        # the two versions' rounds in pairs (tree_copy.paired_change_pct)
+        p_med, p_min, p_max = paired_change_pct(times["tree"], times["twin"])
         line = dict(row=label, outputs_equal=same, twin_ms=med["twin"], tree_ms=med["tree"], tree_vs_twin=med["twin"] / med["tree"],
-                    paired_pct=dict(median=paired[len(paired) // 2], min=paired[0], max=paired[-1]), rounds=times)
+                    paired_pct=dict(median=p_med, min=p_min, max=p_max), rounds=times)
         out.append(line)
         print(f"{label:48s} twin {med['twin'] * 1e3:9.1f} us  tree {med['tree'] * 1e3:9.1f} us  "
-              f"tree speed x{line['tree_vs_twin']:.4f}  paired tree time {paired[len(paired) // 2]:+.2f} % "
-              f"({paired[0]:+.2f}..{paired[-1]:+.2f}){'' if same else '  OUTPUTS DIFFER'}", flush=True)
+              f"tree speed x{line['tree_vs_twin']:.4f}  paired tree time {p_med:+.2f} % "
+              f"({p_min:+.2f}..{p_max:+.2f}){'' if same else '  OUTPUTS DIFFER'}", flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "twin_ab.json"), "w") as f:
             for line in [env] + out:
