@@ -19,7 +19,6 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from .arch import INTERPRET, arch_for, check_interpreter_supported
 from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_seqlens, _check_device, _check_sinks,
@@ -27,7 +26,7 @@ from .interface import (MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_cu_
 from .kernels.decode import decode_forward, filed_plan, kv_append, run_filed_plan
 from .kernels.launch import MAX_GRID_YZ, head_dim_padded, row_offsets_fit
 from .memo import memo_per_tensor
-from .ops import refuse_forward_tangents
+from .ops import forward_level_open, refuse_forward_tangents
 from .tuning import get_decode_config, tables
 from .tuning.tuned_table import getenv
 
@@ -402,7 +401,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             and cache_leftpad is None and alibi_slopes is None and sinks is None and s_aux is None
             and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
             and type(window_size) is tuple and not torch.compiler.is_compiling()
-            and forward_ad._current_level < 0  # (a dual level open: the checks below refuse tangents)
+            and not forward_level_open()  # (a dual level open: the checks below refuse tangents)
             and not any(isinstance(x, torch.Tensor) for x in (softmax_scale, causal, softcap, *window_size))):
         # (0-d tensor scalars hash by identity and can change in place: the checks below read their values)
         plain_key = _plain_call_key(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,

@@ -362,10 +362,15 @@ attention_fwd_by_positions.register_autograd(_backward_by_positions, setup_conte
 attention_bwd_by_positions.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)
 
 
+def forward_level_open() -> bool:
+    """Whether a torch.autograd.forward_ad dual level is open (else no tensor carries a tangent: the common case)."""
+    return forward_ad._current_level >= 0
+
+
 def forward_tangent_of(*tensors) -> Optional[int]:
     """The position of the first tensor carrying a forward-mode AD tangent (torch.autograd.forward_ad dual
     tensors), or None.  The kernels have no jvp: such a tangent would be dropped silently."""
-    if forward_ad._current_level < 0:  # no dual level is open: no tangent anywhere (the common case)
+    if not forward_level_open():
         return None
     for i, t in enumerate(tensors):
         if isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None:

@@ -553,12 +553,11 @@ def _merge_splits(OutPart, LsePart, rows64, ok, heads, n_rows, n_splits, offs_d,
             alpha = tl.exp2(m - m_shift)
             w = tl.where(live, tl.exp2(lse_s - m_shift), 0.0)
             den = den * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * tl.where(live[:, None], o, 0.0)
             if NAN_FROM_EMPTY:
                 # a split that saw none of this row's keys still multiplied V's NaN features by zero probabilities:
                 # its NaNs join the row, as in the reference (multi-token masked calls)
-                acc = acc * alpha[:, None] + tl.where(live[:, None], w[:, None] * o, tl.where(o == o, 0.0, o))
-            else:
-                acc = acc * alpha[:, None] + w[:, None] * tl.where(live[:, None], o, 0.0)
+                acc = acc + tl.where(live[:, None] | (o == o), 0.0, o)
             m = m_new
     empty = den == 0.0
     out = acc / tl.where(empty, 1.0, den)[:, None]
